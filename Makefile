@@ -1,0 +1,41 @@
+# ebs-csi: build, test and demo entry points. Every target installs what it
+# needs, idempotently, so a fresh Debian machine needs nothing but this.
+
+CARGO ?= cargo
+APT_PACKAGES := e2fsprogs xfsprogs util-linux fdisk mount
+# Dependencies build without debug info (see Cargo.toml); two jobs fit the
+# machine's memory while the AWS SDK compiles.
+export CARGO_BUILD_JOBS ?= 2
+
+.PHONY: all build test deps lint fmt clean
+
+all: build
+
+## deps: install the Debian packages the tests and the helper need.
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+build:
+	$(CARGO) build --workspace --bins
+
+## test: unit tests, then the root-only integration tests that start the
+## real helper and agent over loop devices.
+test: deps
+	$(CARGO) build --workspace --bins
+	$(CARGO) test --workspace --no-fail-fast
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+clean:
+	$(CARGO) clean

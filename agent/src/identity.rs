@@ -1,0 +1,60 @@
+//! The CSI Identity service of the node agent.
+
+use ebs_csi_proto::DRIVER_NAME;
+use ebs_csi_proto::v1::identity_server::Identity;
+use ebs_csi_proto::v1::plugin_capability::{self, service};
+use ebs_csi_proto::v1::{
+    GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse,
+    PluginCapability, ProbeRequest, ProbeResponse,
+};
+use tonic::{Request, Response, Status};
+
+use crate::helper::Helper;
+
+/// Identity: name, capabilities, readiness.
+#[derive(Debug)]
+pub struct IdentityService {
+    helper: Helper,
+}
+
+impl IdentityService {
+    /// Reports readiness from `helper`.
+    pub fn new(helper: Helper) -> Self {
+        Self { helper }
+    }
+}
+
+#[tonic::async_trait]
+impl Identity for IdentityService {
+    async fn get_plugin_info(
+        &self,
+        _: Request<GetPluginInfoRequest>,
+    ) -> Result<Response<GetPluginInfoResponse>, Status> {
+        Ok(Response::new(GetPluginInfoResponse {
+            name: DRIVER_NAME.to_owned(),
+            vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
+            manifest: Default::default(),
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
+        let service = |kind: service::Type| PluginCapability {
+            r#type: Some(plugin_capability::Type::Service(plugin_capability::Service {
+                r#type: kind as i32,
+            })),
+        };
+        Ok(Response::new(GetPluginCapabilitiesResponse {
+            capabilities: vec![service(service::Type::VolumeAccessibilityConstraints)],
+        }))
+    }
+
+    /// Ready when the helper answers a ping: one local round trip, no EC2.
+    async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
+        Ok(Response::new(ProbeResponse {
+            ready: Some(self.helper.is_ready().await),
+        }))
+    }
+}

@@ -1,0 +1,120 @@
+//! `ebs-csi-agent`: the unprivileged CSI Node service of ebs-csi.
+
+mod devices;
+mod discovery;
+mod error;
+mod guard;
+mod helper;
+mod identity;
+mod limits;
+mod metadata;
+mod node;
+mod request;
+mod server;
+mod stats;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::discovery::DeviceFinder;
+use crate::helper::Helper;
+use crate::identity::IdentityService;
+use crate::metadata::MetadataFlags;
+use crate::node::NodeService;
+
+/// The CSI Node service for Amazon EBS. Runs without privilege: every
+/// mount, format and resize is done by ebs-csi-helper.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// CSI endpoint to serve.
+    #[arg(long, default_value = "unix:///csi/csi.sock", env = "CSI_ENDPOINT")]
+    endpoint: String,
+    /// The helper's socket.
+    #[arg(long, default_value = "/run/ebs-csi/helper.sock")]
+    helper_socket: PathBuf,
+    /// Seconds to wait for the helper to answer one request.
+    #[arg(long, default_value_t = 300)]
+    helper_timeout_seconds: u64,
+    /// EC2 instance id reported as the node id (default: from IMDS).
+    #[arg(long)]
+    node_id: Option<String>,
+    /// Availability zone reported as topology (default: from IMDS).
+    #[arg(long)]
+    availability_zone: Option<String>,
+    /// Instance type, for the attachment limit (default: from IMDS).
+    #[arg(long)]
+    instance_type: Option<String>,
+    /// Maximum volumes per node to report, overriding the instance type's.
+    #[arg(long)]
+    volume_attach_limit: Option<u32>,
+    /// Seconds NodeStageVolume and block NodePublishVolume wait for the
+    /// volume's device to appear.
+    #[arg(long, default_value_t = 60)]
+    device_wait_seconds: u64,
+    /// The device tree.
+    #[arg(long, default_value = "/dev")]
+    dev_dir: PathBuf,
+    /// The sysfs mount.
+    #[arg(long, default_value = "/sys")]
+    sys_dir: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the EBS volumes visible on this node and exit.
+    Devices,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    if let Some(Command::Devices) = args.command {
+        print!("{}", devices::table(&devices::list(&args.sys_dir, &args.dev_dir)));
+        return Ok(());
+    }
+    let socket = server::socket_path(&args.endpoint)?;
+    let flags = MetadataFlags {
+        instance_id: args.node_id,
+        availability_zone: args.availability_zone,
+        instance_type: args.instance_type,
+    };
+    let metadata = metadata::resolve(flags).await.context("node metadata")?;
+    let max_volumes = args
+        .volume_attach_limit
+        .unwrap_or_else(|| limits::max_volumes(&metadata.instance_type, metadata.network_interfaces));
+    tracing::info!(node_id = %metadata.instance_id, zone = %metadata.availability_zone, instance_type = %metadata.instance_type, max_volumes, "node");
+    let helper = Helper::new(args.helper_socket, Duration::from_secs(args.helper_timeout_seconds));
+    let finder = DeviceFinder::new(args.dev_dir, args.sys_dir);
+    let node = NodeService::new(
+        helper.clone(),
+        finder,
+        metadata,
+        max_volumes,
+        Duration::from_secs(args.device_wait_seconds),
+    );
+    server::serve(&socket, IdentityService::new(helper), node, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,282 @@
+//! The CSI Node service. Each handler validates, takes the volume's guard,
+//! finds the device if it needs one, and asks the helper for the change.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use ebs_csi_helper_proto::{
+    PublishRequest, PublishSource, Reply, Request as HelperRequest, StageRequest, UnpublishRequest, UnstageRequest,
+};
+use ebs_csi_proto::v1::node_server::Node;
+use ebs_csi_proto::v1::node_service_capability::{self, rpc};
+use ebs_csi_proto::v1::{
+    NodeExpandVolumeRequest, NodeExpandVolumeResponse, NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse,
+    NodeGetInfoRequest, NodeGetInfoResponse, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,
+    NodePublishVolumeRequest, NodePublishVolumeResponse, NodeServiceCapability, NodeStageVolumeRequest,
+    NodeStageVolumeResponse, NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest,
+    NodeUnstageVolumeResponse, Topology,
+};
+use ebs_csi_proto::{TOPOLOGY_KEY_WELL_KNOWN_ZONE, TOPOLOGY_KEY_ZONE};
+use tonic::{Request, Response, Status};
+
+use crate::discovery::DeviceFinder;
+use crate::error::NodeError;
+use crate::guard::VolumeGuards;
+use crate::helper::Helper;
+use crate::metadata::NodeMetadata;
+use crate::request::{self, Access};
+use crate::stats;
+
+/// The publish-context key ControllerPublishVolume sets to the device
+/// name given to AttachVolume (the Go driver's name, which Nomad and
+/// kubelet pass through).
+const DEVICE_PATH_KEY: &str = "devicePath";
+
+/// Node: stage, publish, expand, stats, info.
+#[derive(Debug)]
+pub struct NodeService {
+    helper: Helper,
+    finder: DeviceFinder,
+    guards: VolumeGuards,
+    metadata: NodeMetadata,
+    max_volumes: u32,
+    device_wait: Duration,
+}
+
+impl NodeService {
+    /// A Node service for the node described by `metadata`, reporting
+    /// `max_volumes` as its attachment limit and waiting up to
+    /// `device_wait` for a volume's device to appear.
+    pub fn new(
+        helper: Helper,
+        finder: DeviceFinder,
+        metadata: NodeMetadata,
+        max_volumes: u32,
+        device_wait: Duration,
+    ) -> Self {
+        Self {
+            helper,
+            finder,
+            guards: VolumeGuards::default(),
+            metadata,
+            max_volumes,
+            device_wait,
+        }
+    }
+
+    async fn stage(&self, r: NodeStageVolumeRequest) -> Result<NodeStageVolumeResponse, NodeError> {
+        let volume_id = request::volume_id(&r.volume_id)?;
+        let staging_path = request::required_path("staging_target_path", &r.staging_target_path)?;
+        let Access::Mount { fs_type, mount_flags } = request::capability(r.volume_capability.as_ref())? else {
+            // Block volumes are published straight from the device.
+            return Ok(NodeStageVolumeResponse {});
+        };
+        let format = request::format_options(&r.volume_context)?;
+        let _guard = self.guards.acquire(volume_id.as_str())?;
+        let device = self
+            .finder
+            .wait(&volume_id, device_path(&r.publish_context), self.device_wait)
+            .await?;
+        tracing::info!(%volume_id, device = %device.display(), staging_path, fs_type = fs_type.name(), "staging");
+        self.helper
+            .call(HelperRequest::Stage(StageRequest {
+                volume_id,
+                device: device.to_string_lossy().into_owned(),
+                staging_path: staging_path.to_owned(),
+                fs_type,
+                mount_flags,
+                format,
+            }))
+            .await?;
+        Ok(NodeStageVolumeResponse {})
+    }
+
+    async fn unstage(&self, r: NodeUnstageVolumeRequest) -> Result<NodeUnstageVolumeResponse, NodeError> {
+        let volume_id = request::volume_id(&r.volume_id)?;
+        let staging_path = request::required_path("staging_target_path", &r.staging_target_path)?;
+        let _guard = self.guards.acquire(volume_id.as_str())?;
+        tracing::info!(%volume_id, staging_path, "unstaging");
+        self.helper
+            .call(HelperRequest::Unstage(UnstageRequest {
+                staging_path: staging_path.to_owned(),
+            }))
+            .await?;
+        Ok(NodeUnstageVolumeResponse {})
+    }
+
+    async fn publish(&self, r: NodePublishVolumeRequest) -> Result<NodePublishVolumeResponse, NodeError> {
+        let volume_id = request::volume_id(&r.volume_id)?;
+        let target_path = request::required_path("target_path", &r.target_path)?;
+        let access = request::capability(r.volume_capability.as_ref())?;
+        let staging_path = request::required_path("staging_target_path", &r.staging_target_path)?;
+        let _guard = self.guards.acquire(volume_id.as_str())?;
+        let source = match access {
+            Access::Mount { mount_flags, .. } => PublishSource::Staging {
+                staging_path: staging_path.to_owned(),
+                mount_flags,
+            },
+            Access::Block => {
+                let device = self
+                    .finder
+                    .wait(&volume_id, device_path(&r.publish_context), self.device_wait)
+                    .await?;
+                PublishSource::Device {
+                    volume_id: volume_id.clone(),
+                    device: device.to_string_lossy().into_owned(),
+                }
+            }
+        };
+        tracing::info!(%volume_id, target_path, readonly = r.readonly, "publishing");
+        self.helper
+            .call(HelperRequest::Publish(PublishRequest {
+                target_path: target_path.to_owned(),
+                readonly: r.readonly,
+                source,
+            }))
+            .await?;
+        Ok(NodePublishVolumeResponse {})
+    }
+
+    async fn unpublish(&self, r: NodeUnpublishVolumeRequest) -> Result<NodeUnpublishVolumeResponse, NodeError> {
+        let volume_id = request::volume_id(&r.volume_id)?;
+        let target_path = request::required_path("target_path", &r.target_path)?;
+        let _guard = self.guards.acquire(volume_id.as_str())?;
+        tracing::info!(%volume_id, target_path, "unpublishing");
+        self.helper
+            .call(HelperRequest::Unpublish(UnpublishRequest {
+                target_path: target_path.to_owned(),
+            }))
+            .await?;
+        Ok(NodeUnpublishVolumeResponse {})
+    }
+
+    async fn volume_stats(&self, r: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse, NodeError> {
+        request::volume_id(&r.volume_id)?;
+        request::required_path("volume_path", &r.volume_path)?;
+        let sys_dir = self.finder.sys_dir().to_owned();
+        tokio::task::spawn_blocking(move || stats::volume_stats(&r.volume_path, Some(&r.staging_target_path), &sys_dir))
+            .await
+            .map_err(|e| NodeError::Internal(format!("stats task failed: {e}")))?
+    }
+
+    async fn expand(&self, r: NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse, NodeError> {
+        let volume_id = request::volume_id(&r.volume_id)?;
+        let volume_path = request::required_path("volume_path", &r.volume_path)?;
+        let access = r
+            .volume_capability
+            .as_ref()
+            .map(|c| request::capability(Some(c)))
+            .transpose()?;
+        let _guard = self.guards.acquire(volume_id.as_str())?;
+        let device = self
+            .finder
+            .find(&volume_id, None)
+            .ok_or_else(|| NodeError::NotFound(format!("the device of volume {volume_id}")))?;
+        if access == Some(Access::Block) {
+            // A raw block volume has no filesystem to grow.
+            let size = stats::block_device_size(&device, self.finder.sys_dir())
+                .ok_or_else(|| NodeError::Internal(format!("cannot read the size of {}", device.display())))?;
+            return Ok(NodeExpandVolumeResponse {
+                capacity_bytes: stats::to_i64(size),
+            });
+        }
+        tracing::info!(%volume_id, volume_path, "expanding");
+        let reply = self
+            .helper
+            .call(HelperRequest::Expand(ebs_csi_helper_proto::ExpandRequest {
+                volume_id,
+                device: device.to_string_lossy().into_owned(),
+                volume_path: volume_path.to_owned(),
+            }))
+            .await?;
+        let Reply::Expanded { size_bytes } = reply else {
+            return Err(NodeError::Internal(format!("unexpected helper reply {reply:?}")));
+        };
+        Ok(NodeExpandVolumeResponse {
+            capacity_bytes: stats::to_i64(size_bytes),
+        })
+    }
+}
+
+fn device_path(publish_context: &HashMap<String, String>) -> Option<&str> {
+    publish_context.get(DEVICE_PATH_KEY).map(String::as_str)
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_stage_volume(
+        &self,
+        r: Request<NodeStageVolumeRequest>,
+    ) -> Result<Response<NodeStageVolumeResponse>, Status> {
+        Ok(Response::new(self.stage(r.into_inner()).await?))
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        r: Request<NodeUnstageVolumeRequest>,
+    ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
+        Ok(Response::new(self.unstage(r.into_inner()).await?))
+    }
+
+    async fn node_publish_volume(
+        &self,
+        r: Request<NodePublishVolumeRequest>,
+    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        Ok(Response::new(self.publish(r.into_inner()).await?))
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        r: Request<NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
+        Ok(Response::new(self.unpublish(r.into_inner()).await?))
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        r: Request<NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
+        Ok(Response::new(self.volume_stats(r.into_inner()).await?))
+    }
+
+    async fn node_expand_volume(
+        &self,
+        r: Request<NodeExpandVolumeRequest>,
+    ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
+        Ok(Response::new(self.expand(r.into_inner()).await?))
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _: Request<NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
+        let rpc = |kind: rpc::Type| NodeServiceCapability {
+            r#type: Some(node_service_capability::Type::Rpc(node_service_capability::Rpc {
+                r#type: kind as i32,
+            })),
+        };
+        Ok(Response::new(NodeGetCapabilitiesResponse {
+            capabilities: vec![
+                rpc(rpc::Type::StageUnstageVolume),
+                rpc(rpc::Type::ExpandVolume),
+                rpc(rpc::Type::GetVolumeStats),
+                rpc(rpc::Type::VolumeCondition),
+            ],
+        }))
+    }
+
+    async fn node_get_info(&self, _: Request<NodeGetInfoRequest>) -> Result<Response<NodeGetInfoResponse>, Status> {
+        let zone = &self.metadata.availability_zone;
+        Ok(Response::new(NodeGetInfoResponse {
+            node_id: self.metadata.instance_id.clone(),
+            max_volumes_per_node: i64::from(self.max_volumes),
+            accessible_topology: Some(Topology {
+                segments: [
+                    (TOPOLOGY_KEY_ZONE.to_owned(), zone.clone()),
+                    (TOPOLOGY_KEY_WELL_KNOWN_ZONE.to_owned(), zone.clone()),
+                ]
+                .into(),
+            }),
+        }))
+    }
+}

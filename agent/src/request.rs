@@ -1,0 +1,215 @@
+//! Conversion of CSI request fields to validated types, before any side
+//! effect. Every failure is INVALID_ARGUMENT.
+
+use std::collections::HashMap;
+
+use ebs_csi_helper_proto::{FormatOptions, FsType, VolumeId};
+use ebs_csi_proto::v1::VolumeCapability;
+use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
+use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType};
+
+use crate::error::NodeError;
+
+/// The filesystem used when a Mount capability names none (the Go
+/// driver's default).
+pub const DEFAULT_FS_TYPE: FsType = FsType::Ext4;
+
+/// How a volume is presented to the workload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// A raw block device.
+    Block,
+    /// A mounted filesystem.
+    Mount {
+        /// The filesystem type.
+        fs_type: FsType,
+        /// Mount options (the helper checks them against its allowlist).
+        mount_flags: Vec<String>,
+    },
+}
+
+/// Parses a volume id.
+///
+/// # Errors
+/// INVALID_ARGUMENT when it is empty or not an EBS volume id.
+pub fn volume_id(id: &str) -> Result<VolumeId, NodeError> {
+    if id.is_empty() {
+        return Err(NodeError::InvalidArgument("volume_id is required".into()));
+    }
+    VolumeId::parse(id).map_err(|e| NodeError::InvalidArgument(e.to_string()))
+}
+
+/// Requires a non-empty path field.
+///
+/// # Errors
+/// INVALID_ARGUMENT naming `field` when `value` is empty.
+pub fn required_path<'a>(field: &str, value: &'a str) -> Result<&'a str, NodeError> {
+    if value.is_empty() {
+        return Err(NodeError::InvalidArgument(format!("{field} is required")));
+    }
+    Ok(value)
+}
+
+/// Checks a volume capability: an access mode this node supports and an
+/// access type. MULTI_NODE_MULTI_WRITER (io2 Multi-Attach) is for block
+/// volumes only.
+///
+/// # Errors
+/// INVALID_ARGUMENT when the capability is missing, has no or an
+/// unsupported access mode, no access type, or an unknown fs_type.
+pub fn capability(capability: Option<&VolumeCapability>) -> Result<Access, NodeError> {
+    let invalid = |m: String| NodeError::InvalidArgument(m);
+    let capability = capability.ok_or_else(|| invalid("volume_capability is required".into()))?;
+    let mode = capability
+        .access_mode
+        .as_ref()
+        .map(AccessMode::mode)
+        .ok_or_else(|| invalid("volume_capability.access_mode is required".into()))?;
+    let access = match &capability.access_type {
+        Some(AccessType::Block(_)) => Access::Block,
+        Some(AccessType::Mount(mount)) => Access::Mount {
+            fs_type: if mount.fs_type.is_empty() {
+                DEFAULT_FS_TYPE
+            } else {
+                FsType::from_name(&mount.fs_type.to_ascii_lowercase()).ok_or_else(|| {
+                    invalid(format!(
+                        "fs_type {:?} is not supported (ext2, ext3, ext4, xfs)",
+                        mount.fs_type
+                    ))
+                })?
+            },
+            mount_flags: mount.mount_flags.clone(),
+        },
+        None => return Err(invalid("volume_capability.access_type is required".into())),
+    };
+    let supported = match mode {
+        Mode::SingleNodeWriter
+        | Mode::SingleNodeReaderOnly
+        | Mode::SingleNodeSingleWriter
+        | Mode::SingleNodeMultiWriter => true,
+        Mode::MultiNodeMultiWriter => access == Access::Block,
+        Mode::Unknown | Mode::MultiNodeReaderOnly | Mode::MultiNodeSingleWriter => false,
+    };
+    if !supported {
+        return Err(invalid(format!(
+            "access mode {} is not supported for this access type",
+            mode.as_str_name()
+        )));
+    }
+    Ok(access)
+}
+
+/// Reads the formatting options from `volume_context` (keys as the Go
+/// driver's StorageClass parameters, case-insensitive: `blockSize`,
+/// `inodeSize`, `bytesPerInode`, `numberOfInodes`, `ext4BigAlloc`,
+/// `ext4ClusterSize`). Other keys are ignored: the context carries more.
+///
+/// # Errors
+/// INVALID_ARGUMENT when a value is not a number (or `true`/`false`).
+pub fn format_options(context: &HashMap<String, String>) -> Result<FormatOptions, NodeError> {
+    let mut options = FormatOptions::default();
+    for (key, value) in context {
+        let number = || {
+            value
+                .parse::<u32>()
+                .map_err(|_| NodeError::InvalidArgument(format!("{key}={value:?} is not a number")))
+        };
+        match key.to_ascii_lowercase().as_str() {
+            "blocksize" => options.block_size = Some(number()?),
+            "inodesize" => options.inode_size = Some(number()?),
+            "bytesperinode" => options.bytes_per_inode = Some(number()?),
+            "numberofinodes" => options.number_of_inodes = Some(u64::from(number()?)),
+            "ext4clustersize" => options.ext4_cluster_size = Some(number()?),
+            "ext4bigalloc" => {
+                options.ext4_bigalloc = value
+                    .parse::<bool>()
+                    .map_err(|_| NodeError::InvalidArgument(format!("{key}={value:?} is not true or false")))?;
+            }
+            _ => {}
+        }
+    }
+    Ok(options)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ebs_csi_proto::v1::volume_capability::{BlockVolume, MountVolume};
+
+    fn cap(mode: Mode, access_type: Option<AccessType>) -> VolumeCapability {
+        VolumeCapability {
+            access_mode: Some(AccessMode { mode: mode as i32 }),
+            access_type,
+        }
+    }
+
+    fn mount(fs_type: &str) -> Option<AccessType> {
+        Some(AccessType::Mount(MountVolume {
+            fs_type: fs_type.into(),
+            ..MountVolume::default()
+        }))
+    }
+
+    #[test]
+    fn accepts_supported_capabilities() {
+        let ext4 = Access::Mount {
+            fs_type: FsType::Ext4,
+            mount_flags: vec![],
+        };
+        assert_eq!(capability(Some(&cap(Mode::SingleNodeWriter, mount("")))).unwrap(), ext4);
+        assert_eq!(
+            capability(Some(&cap(Mode::SingleNodeReaderOnly, mount("XFS")))).unwrap(),
+            Access::Mount {
+                fs_type: FsType::Xfs,
+                mount_flags: vec![]
+            }
+        );
+        let block = Some(AccessType::Block(BlockVolume {}));
+        assert_eq!(
+            capability(Some(&cap(Mode::MultiNodeMultiWriter, block))).unwrap(),
+            Access::Block
+        );
+    }
+
+    #[test]
+    fn refuses_bad_capabilities() {
+        let cases = [
+            None,
+            Some(cap(Mode::SingleNodeWriter, None)),
+            Some(VolumeCapability {
+                access_mode: None,
+                access_type: mount("ext4"),
+            }),
+            Some(cap(Mode::MultiNodeMultiWriter, mount("ext4"))),
+            Some(cap(Mode::MultiNodeReaderOnly, mount("ext4"))),
+            Some(cap(Mode::Unknown, mount("ext4"))),
+            Some(cap(Mode::SingleNodeWriter, mount("btrfs"))),
+        ];
+        for case in cases {
+            assert!(
+                matches!(capability(case.as_ref()), Err(NodeError::InvalidArgument(_))),
+                "{case:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn reads_format_options_case_insensitively() {
+        let context: HashMap<String, String> = [
+            ("blockSize", "4096"),
+            ("INODESIZE", "512"),
+            ("ext4BigAlloc", "true"),
+            ("partition", "1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let options = format_options(&context).unwrap();
+        assert_eq!(options.block_size, Some(4096));
+        assert_eq!(options.inode_size, Some(512));
+        assert!(options.ext4_bigalloc);
+        let bad: HashMap<String, String> = [("blocksize".to_owned(), "4k".to_owned())].into();
+        assert!(format_options(&bad).is_err());
+        assert!(volume_id("").is_err() && volume_id("vol-xyz").is_err());
+    }
+}

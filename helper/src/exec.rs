@@ -1,0 +1,107 @@
+//! The one way the helper runs another program.
+//!
+//! Only tools from a fixed table, by absolute path, with arguments the
+//! caller built from validated types; no shell, an empty environment,
+//! stdin from `/dev/null`. Every fd the helper opens is close-on-exec, so
+//! children inherit only stdio.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use ebs_csi_helper_proto::HelperError;
+
+use crate::error::system;
+
+/// The programs the helper may run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tool {
+    /// `blkid` (util-linux): probes for filesystem and partition-table signatures.
+    Blkid,
+    /// `mkfs.ext2` (e2fsprogs).
+    MkfsExt2,
+    /// `mkfs.ext3` (e2fsprogs).
+    MkfsExt3,
+    /// `mkfs.ext4` (e2fsprogs).
+    MkfsExt4,
+    /// `mkfs.xfs` (xfsprogs).
+    MkfsXfs,
+    /// `resize2fs` (e2fsprogs): grows a mounted ext2/3/4 filesystem.
+    Resize2fs,
+    /// `xfs_growfs` (xfsprogs): grows a mounted XFS filesystem.
+    XfsGrowfs,
+}
+
+/// Directories searched, in order, for each tool's file name. Fixed at
+/// build time; never taken from the environment.
+const TOOL_DIRS: [&str; 3] = ["/usr/sbin", "/sbin", "/usr/bin"];
+
+impl Tool {
+    fn file_name(self) -> &'static str {
+        match self {
+            Self::Blkid => "blkid",
+            Self::MkfsExt2 => "mkfs.ext2",
+            Self::MkfsExt3 => "mkfs.ext3",
+            Self::MkfsExt4 => "mkfs.ext4",
+            Self::MkfsXfs => "mkfs.xfs",
+            Self::Resize2fs => "resize2fs",
+            Self::XfsGrowfs => "xfs_growfs",
+        }
+    }
+
+    /// The absolute path of the tool on this machine.
+    ///
+    /// # Errors
+    /// [`HelperError::System`] when it is installed in none of the
+    /// fixed directories.
+    pub fn path(self) -> Result<String, HelperError> {
+        TOOL_DIRS
+            .iter()
+            .map(|dir| format!("{dir}/{}", self.file_name()))
+            .find(|p| Path::new(p).is_file())
+            .ok_or_else(|| system(format!("finding {}", self.file_name()), "not installed"))
+    }
+}
+
+/// Runs `tool` with `args` and returns its output, whatever its exit status.
+///
+/// # Errors
+/// [`HelperError::System`] when the tool is missing or cannot be started.
+pub fn run(tool: Tool, args: &[&str]) -> Result<Output, HelperError> {
+    let path = tool.path()?;
+    tracing::info!(tool = %path, ?args, "exec");
+    Command::new(&path)
+        .args(args)
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| system(format!("starting {path}"), e))
+}
+
+/// Runs `tool` and requires exit status 0.
+///
+/// # Errors
+/// As [`run`], plus [`HelperError::ToolFailed`] with the exit status and
+/// the end of stderr.
+pub fn run_checked(tool: Tool, args: &[&str]) -> Result<Output, HelperError> {
+    let output = run(tool, args)?;
+    if output.status.success() {
+        return Ok(output);
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let tail: String = stderr
+        .trim()
+        .chars()
+        .rev()
+        .take(400)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    Err(HelperError::ToolFailed {
+        tool: tool.path()?,
+        detail: format!("{}: {tail}", output.status),
+    })
+}

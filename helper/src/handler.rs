@@ -1,0 +1,289 @@
+//! The requests, each a fixed sequence of checks followed by one change.
+//! `docs/helper.md` lists the same steps in the same order.
+
+use std::os::fd::OwnedFd;
+
+use ebs_csi_helper_proto::{
+    ExpandRequest, FsType, HelperError, PROTOCOL_VERSION, PublishRequest, PublishSource, Reply, Request, StageRequest,
+    VolumeId,
+};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::mount::MountFlags;
+
+use crate::device::{self, IdentityPolicy, VerifiedDevice};
+use crate::error::system;
+use crate::exec::{self, Tool};
+use crate::format::{self, Contents};
+use crate::mount::{self, Node};
+use crate::mountinfo::{self, MountEntry};
+use crate::options;
+use crate::path::{AllowedRoots, SafePath, open_beneath};
+
+/// Serves requests with a fixed configuration.
+#[derive(Debug)]
+pub struct Handler {
+    roots: AllowedRoots,
+    policy: IdentityPolicy,
+}
+
+impl Handler {
+    /// A handler that acts beneath `roots` on devices `policy` accepts.
+    pub fn new(roots: AllowedRoots, policy: IdentityPolicy) -> Self {
+        Self { roots, policy }
+    }
+
+    /// Performs `request`.
+    ///
+    /// # Errors
+    /// The [`HelperError`] of the first check that fails; nothing has been
+    /// changed then, except where a variant's documentation says so.
+    pub fn handle(&self, request: &Request) -> Result<Reply, HelperError> {
+        match request {
+            Request::Ping => Ok(Reply::Pong {
+                version: PROTOCOL_VERSION,
+            }),
+            Request::Stage(r) => self.stage(r),
+            Request::Unstage(r) => self.unstage(&self.roots.check(&r.staging_path)?),
+            Request::Publish(r) => self.publish(r),
+            Request::Unpublish(r) => self.unpublish(&self.roots.check(&r.target_path)?),
+            Request::Expand(r) => self.expand(r),
+        }
+    }
+
+    /// Stage: validate options, resolve the staging directory, verify the
+    /// device, accept an identical existing mount, probe, format only a
+    /// blank device, mount.
+    fn stage(&self, r: &StageRequest) -> Result<Reply, HelperError> {
+        format::validate(r.fs_type, &r.format)?;
+        let options = options::parse(Some(r.fs_type), &r.mount_flags)?;
+        let staging = self.roots.check(&r.staging_path)?;
+        let (fd, node) = open_existing(&staging, FileType::Directory)?;
+        let device = self.verify(&r.volume_id, &r.device)?;
+        if node.is_mount_root {
+            return if node.dev == (device.major, device.minor) {
+                Ok(Reply::Done)
+            } else {
+                Err(already_mounted(&staging, &node))
+            };
+        }
+        match format::probe(&device.path)? {
+            Contents::Blank => {
+                device.recheck()?;
+                tracing::info!(volume_id = %r.volume_id, device = %device.path, fs_type = r.fs_type.name(), "format");
+                format::format(r.fs_type, &r.format, &device.path)?;
+            }
+            Contents::Filesystem(found) if found == r.fs_type.name() => {}
+            Contents::Filesystem(found) | Contents::Other(found) => {
+                return Err(HelperError::FilesystemMismatch {
+                    device: device.path.clone(),
+                    found,
+                    requested: r.fs_type.name().to_owned(),
+                });
+            }
+        }
+        mount::mount_filesystem(&device, &fd, r.fs_type, &options)?;
+        Ok(Reply::Done)
+    }
+
+    /// Unstage: resolve the staging path; unmount it if it is a mount point.
+    fn unstage(&self, staging: &SafePath<'_>) -> Result<Reply, HelperError> {
+        let Some(fd) = staging.open()? else {
+            return Ok(Reply::Done);
+        };
+        if mount::inspect(&fd)?.is_mount_root {
+            drop(fd);
+            mount::unmount(&staging.open_parent(false)?, staging.name())?;
+        }
+        Ok(Reply::Done)
+    }
+
+    /// Publish: validate options, resolve and check the source, accept an
+    /// identical existing mount, create the target, bind-mount, apply flags.
+    fn publish(&self, r: &PublishRequest) -> Result<Reply, HelperError> {
+        let (source, source_node, user_flags, want_type) = match &r.source {
+            PublishSource::Staging {
+                staging_path,
+                mount_flags,
+            } => {
+                let flags = options::parse(None, mount_flags)?.flags | MountFlags::NODEV;
+                let staging = self.roots.check(staging_path)?;
+                let (fd, node) = staging
+                    .open()?
+                    .map(|fd| mount::inspect(&fd).map(|n| (fd, n)))
+                    .transpose()?
+                    .filter(|(_, node)| node.is_mount_root)
+                    .ok_or_else(|| HelperError::NotMounted {
+                        path: staging_path.clone(),
+                    })?;
+                (fd, node, flags, FileType::Directory)
+            }
+            PublishSource::Device { volume_id, device } => {
+                let device = self.verify(volume_id, device)?;
+                let fd: OwnedFd = device.file.into();
+                let node = mount::inspect(&fd)?;
+                (fd, node, MountFlags::empty(), FileType::RegularFile)
+            }
+        };
+        let flags = user_flags
+            | MountFlags::NOSUID
+            | if r.readonly {
+                MountFlags::RDONLY
+            } else {
+                MountFlags::empty()
+            };
+        let target = self.roots.check(&r.target_path)?;
+        let parent = target.open_parent(true)?;
+        let same_source = |node: &Node| match want_type {
+            FileType::Directory => (node.dev, node.ino) == (source_node.dev, source_node.ino),
+            _ => node.file_type == FileType::BlockDevice && node.rdev == source_node.rdev,
+        };
+        if let Some(existing) = open_target(&parent, &target)? {
+            let node = mount::inspect(&existing)?;
+            if node.is_mount_root {
+                let read_only = mount_entry(node.mount_id)?.is_some_and(|m| m.is_read_only());
+                return if same_source(&node) && read_only == r.readonly {
+                    Ok(Reply::Done)
+                } else {
+                    Err(already_mounted(&target, &node))
+                };
+            }
+            if node.file_type != want_type {
+                return Err(HelperError::PathRefused {
+                    path: r.target_path.clone(),
+                    reason: format!("exists and is not a {want_type:?}"),
+                });
+            }
+        } else {
+            create_target(&parent, &target, want_type)?;
+        }
+        let fd = open_target(&parent, &target)?.ok_or_else(|| system("opening the new target", "vanished"))?;
+        mount::bind(&source, &fd)?;
+        drop(fd);
+        let mounted = open_target(&parent, &target)?.ok_or_else(|| system("opening the mounted target", "vanished"))?;
+        let node = mount::inspect(&mounted)?;
+        if !(node.is_mount_root && same_source(&node)) {
+            return Err(system(
+                "checking the new bind mount",
+                "the target changed during the request",
+            ));
+        }
+        if let Err(e) = mount::remount_bind(&mounted, flags) {
+            drop(mounted);
+            mount::unmount(&parent, target.name())?;
+            return Err(e);
+        }
+        Ok(Reply::Done)
+    }
+
+    /// Unpublish: resolve the target; unmount it if mounted; remove it.
+    fn unpublish(&self, target: &SafePath<'_>) -> Result<Reply, HelperError> {
+        let Some(fd) = target.open()? else {
+            return Ok(Reply::Done);
+        };
+        let parent = target.open_parent(false)?;
+        if mount::inspect(&fd)?.is_mount_root {
+            drop(fd);
+            mount::unmount(&parent, target.name())?;
+        }
+        let Some(fd) = open_target(&parent, target)? else {
+            return Ok(Reply::Done);
+        };
+        let flags = if mount::inspect(&fd)?.file_type == FileType::Directory {
+            AtFlags::REMOVEDIR
+        } else {
+            AtFlags::empty()
+        };
+        drop(fd);
+        tracing::info!(target = %target.as_str(), "remove mount point");
+        rustix::fs::unlinkat(&parent, target.name(), flags)
+            .map_err(|e| system(format!("removing {}", target.as_str()), e))?;
+        Ok(Reply::Done)
+    }
+
+    /// Expand: verify the device, check it is what is mounted at the volume
+    /// path, grow the filesystem online, report the device size.
+    fn expand(&self, r: &ExpandRequest) -> Result<Reply, HelperError> {
+        let device = self.verify(&r.volume_id, &r.device)?;
+        let path = self.roots.check(&r.volume_path)?;
+        let not_mounted = || HelperError::NotMounted {
+            path: r.volume_path.clone(),
+        };
+        let (_fd, node) = open_existing(&path, FileType::Directory).map_err(|_| not_mounted())?;
+        if !node.is_mount_root || node.dev != (device.major, device.minor) {
+            return Err(not_mounted());
+        }
+        let fs_type = mount_entry(node.mount_id)?
+            .and_then(|m| FsType::from_name(&m.fs_type))
+            .ok_or_else(not_mounted)?;
+        device.recheck()?;
+        tracing::info!(volume_id = %r.volume_id, device = %device.path, volume_path = %r.volume_path, "grow filesystem");
+        match fs_type {
+            FsType::Xfs => exec::run_checked(Tool::XfsGrowfs, &[r.volume_path.as_str()])?,
+            _ => exec::run_checked(Tool::Resize2fs, &[device.path.as_str()])?,
+        };
+        Ok(Reply::Expanded {
+            size_bytes: device.size_bytes()?,
+        })
+    }
+
+    fn verify(&self, volume_id: &VolumeId, device: &str) -> Result<VerifiedDevice, HelperError> {
+        let mounts = mountinfo::read().map_err(|e| system("reading mountinfo", e))?;
+        device::verify(volume_id, device, &self.policy, &self.roots, &mounts)
+    }
+}
+
+/// Opens an existing path and checks its type.
+fn open_existing(path: &SafePath<'_>, file_type: FileType) -> Result<(OwnedFd, Node), HelperError> {
+    let refuse = |reason: &str| HelperError::PathRefused {
+        path: path.as_str().to_owned(),
+        reason: reason.to_owned(),
+    };
+    let fd = path.open()?.ok_or_else(|| refuse("does not exist"))?;
+    let node = mount::inspect(&fd)?;
+    if node.file_type != file_type {
+        return Err(refuse(&format!("is not a {file_type:?}")));
+    }
+    Ok((fd, node))
+}
+
+/// Opens the target's last component in its already opened parent.
+fn open_target(parent: &OwnedFd, target: &SafePath<'_>) -> Result<Option<OwnedFd>, HelperError> {
+    match open_beneath(parent, target.name()) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => Err(HelperError::PathRefused {
+            path: target.as_str().to_owned(),
+            reason: "is a symlink".into(),
+        }),
+        Err(e) => Err(system(format!("opening {}", target.as_str()), e)),
+    }
+}
+
+/// Creates the target: a directory (filesystem volumes) or an empty file
+/// (block volumes, a mount point for the device node).
+fn create_target(parent: &OwnedFd, target: &SafePath<'_>, file_type: FileType) -> Result<(), HelperError> {
+    let error = |e| system(format!("creating {}", target.as_str()), e);
+    tracing::info!(target = %target.as_str(), ?file_type, "create mount point");
+    if file_type == FileType::Directory {
+        rustix::fs::mkdirat(parent, target.name(), Mode::from_raw_mode(0o755)).map_err(error)
+    } else {
+        let flags = OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        rustix::fs::openat(parent, target.name(), flags, Mode::from_raw_mode(0o640))
+            .map(drop)
+            .map_err(error)
+    }
+}
+
+fn mount_entry(mount_id: u64) -> Result<Option<MountEntry>, HelperError> {
+    Ok(mountinfo::read()
+        .map_err(|e| system("reading mountinfo", e))?
+        .into_iter()
+        .find(|m| m.mount_id == mount_id))
+}
+
+fn already_mounted(path: &SafePath<'_>, node: &Node) -> HelperError {
+    HelperError::AlreadyMounted {
+        path: path.as_str().to_owned(),
+        detail: format!("a filesystem on device {}:{}", node.dev.0, node.dev.1),
+    }
+}

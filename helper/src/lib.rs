@@ -1,0 +1,24 @@
+//! The privileged node helper of ebs-csi.
+//!
+//! It formats, mounts, bind-mounts, unmounts and grows filesystems on
+//! devices it has proved to be the EBS volume named in the request, at
+//! paths it has resolved itself beneath its allowed roots, for peers whose
+//! uid it has checked. `docs/helper.md` lists every step in code order.
+//!
+//! The library part also gives the agent the pieces it shares with the
+//! helper without privilege: NVMe Identify parsing and mountinfo parsing.
+
+pub mod device;
+mod error;
+pub mod exec;
+pub mod format;
+pub mod handler;
+pub mod mount;
+pub mod mountinfo;
+pub mod nvme;
+pub mod options;
+pub mod path;
+pub mod server;
+mod sys;
+
+pub use sys::listener_from_systemd;

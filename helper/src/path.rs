@@ -1,0 +1,278 @@
+//! Staging and target paths, resolved beneath an allowed root without
+//! following any symlink.
+//!
+//! Every path the agent sends is checked for form (absolute, no `.`/`..`,
+//! no empty component), matched to one of the allowed roots, and opened
+//! component by component with `openat2(RESOLVE_BENEATH |
+//! RESOLVE_NO_SYMLINKS)` from a directory fd the helper opened at start.
+//! The helper then acts on the fd (`/proc/self/fd/N`), never on the path
+//! string again, so a symlink swapped in during the call cannot redirect
+//! a mount.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use ebs_csi_helper_proto::HelperError;
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+
+/// The longest path accepted, in bytes (Linux `PATH_MAX`).
+const PATH_MAX: usize = 4096;
+
+/// The directories beneath which the helper may mount.
+#[derive(Debug)]
+pub struct AllowedRoots {
+    roots: Vec<Root>,
+}
+
+#[derive(Debug)]
+struct Root {
+    components: Vec<String>,
+    dir: OwnedFd,
+}
+
+/// A path that passed the syntactic checks and lies beneath a root.
+#[derive(Debug)]
+pub struct SafePath<'r> {
+    root: &'r Root,
+    /// Components below the root, the last being the path's own name.
+    below: Vec<String>,
+    text: String,
+}
+
+impl AllowedRoots {
+    /// Canonicalizes and opens each root directory.
+    ///
+    /// # Errors
+    /// `InvalidInput` for `/` or a relative root (allowing everything is
+    /// never what is meant), or the error opening a root.
+    pub fn open(dirs: &[PathBuf]) -> io::Result<Self> {
+        let roots = dirs
+            .iter()
+            .map(|dir| {
+                let canonical = std::fs::canonicalize(dir)?;
+                let components = components_of(&canonical)?;
+                if components.is_empty() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "/ cannot be an allowed root",
+                    ));
+                }
+                let dir = rustix::fs::open(
+                    &canonical,
+                    OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )?;
+                Ok(Root { components, dir })
+            })
+            .collect::<io::Result<_>>()?;
+        Ok(Self { roots })
+    }
+
+    /// Whether an absolute, already canonical path (such as a mountinfo
+    /// mount point) lies at or beneath one of the roots.
+    pub fn contains(&self, absolute: &str) -> bool {
+        let parts: Vec<&str> = absolute.split('/').filter(|c| !c.is_empty()).collect();
+        self.roots
+            .iter()
+            .any(|root| parts.starts_with(&root.components.iter().map(String::as_str).collect::<Vec<_>>()))
+    }
+
+    /// Checks the form of `path` and finds its root.
+    ///
+    /// # Errors
+    /// [`HelperError::PathRefused`] when the path is relative, too long,
+    /// has an empty, `.` or `..` component, or lies outside every root (or
+    /// is a root itself).
+    pub fn check<'r>(&'r self, path: &str) -> Result<SafePath<'r>, HelperError> {
+        let refuse = |reason: &str| HelperError::PathRefused {
+            path: path.to_owned(),
+            reason: reason.to_owned(),
+        };
+        if path.len() > PATH_MAX || path.contains('\0') {
+            return Err(refuse("too long or contains NUL"));
+        }
+        let rest = path.strip_prefix('/').ok_or_else(|| refuse("not absolute"))?;
+        let parts: Vec<&str> = rest.split('/').collect();
+        if parts.iter().any(|c| c.is_empty() || *c == "." || *c == "..") {
+            return Err(refuse("has an empty, '.' or '..' component"));
+        }
+        let root = self
+            .roots
+            .iter()
+            .filter(|root| parts.len() > root.components.len())
+            .find(|root| root.components.iter().zip(&parts).all(|(a, b)| a == b))
+            .ok_or_else(|| refuse("not beneath an allowed root"))?;
+        Ok(SafePath {
+            root,
+            below: parts[root.components.len()..].iter().map(|c| (*c).to_owned()).collect(),
+            text: path.to_owned(),
+        })
+    }
+}
+
+impl SafePath<'_> {
+    /// The path as the agent sent it (for logs and errors).
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The last component.
+    pub fn name(&self) -> &str {
+        self.below.last().map_or("", String::as_str)
+    }
+
+    /// Opens the path itself as an `O_PATH` fd; `None` when it does not exist.
+    ///
+    /// # Errors
+    /// [`HelperError::PathRefused`] for a symlink or a non-directory on the
+    /// way, [`HelperError::System`] for other errors.
+    pub fn open(&self) -> Result<Option<OwnedFd>, HelperError> {
+        match open_beneath(&self.root.dir, &self.below.join("/")) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    /// Opens the parent directory; with `create`, missing directories
+    /// below the root are made (mode 0755, so the unprivileged agent can
+    /// reach the volume for NodeGetVolumeStats) one component at a time.
+    ///
+    /// # Errors
+    /// As [`SafePath::open`]; a missing parent without `create` is
+    /// [`HelperError::PathRefused`].
+    pub fn open_parent(&self, create: bool) -> Result<OwnedFd, HelperError> {
+        let parents = &self.below[..self.below.len() - 1];
+        let mut dir = rustix::io::dup(&self.root.dir).map_err(|e| self.error(e.into()))?;
+        for name in parents {
+            dir = match open_beneath(&dir, name) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+                    match rustix::fs::mkdirat(&dir, name.as_str(), Mode::from_raw_mode(0o755)) {
+                        Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                        Err(e) => return Err(self.error(e.into())),
+                    }
+                    open_beneath(&dir, name)
+                }
+                other => other,
+            }
+            .map_err(|e| self.error(e))?;
+        }
+        Ok(dir)
+    }
+
+    fn error(&self, e: io::Error) -> HelperError {
+        let reason = match e.raw_os_error().map(rustix::io::Errno::from_raw_os_error) {
+            Some(rustix::io::Errno::LOOP) => "a component is a symlink".to_owned(),
+            Some(rustix::io::Errno::XDEV) => "resolves outside its root".to_owned(),
+            Some(rustix::io::Errno::NOTDIR) => "a parent component is not a directory".to_owned(),
+            Some(rustix::io::Errno::NOENT) => "a parent directory does not exist".to_owned(),
+            _ => {
+                return HelperError::System {
+                    operation: format!("resolving {}", self.text),
+                    detail: e.to_string(),
+                };
+            }
+        };
+        HelperError::PathRefused {
+            path: self.text.clone(),
+            reason,
+        }
+    }
+}
+
+/// Opens `relative` beneath `dir` as an `O_PATH` fd, refusing symlinks
+/// (`ELOOP`) anywhere, the last component included (no `O_NOFOLLOW`, which
+/// would return an fd on the link itself), and escapes from `dir` (`EXDEV`).
+///
+/// # Errors
+/// The `openat2` error.
+pub fn open_beneath(dir: &OwnedFd, relative: &str) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat2(
+        dir,
+        relative,
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?)
+}
+
+/// The `/proc/self/fd/N` path of an fd: the kernel resolves it to exactly
+/// the file the fd refers to, whatever happened to its name since.
+pub fn fd_path(fd: &impl AsRawFd) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+fn components_of(path: &Path) -> io::Result<Vec<String>> {
+    path.to_str()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "root is not UTF-8"))
+        .map(|s| s.split('/').filter(|c| !c.is_empty()).map(str::to_owned).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_malformed_and_outside_paths() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().canonicalize().unwrap();
+        let roots = AllowedRoots::open(std::slice::from_ref(&dir)).unwrap();
+        let root = dir.to_str().unwrap();
+        for bad in [
+            "relative/path".to_owned(),
+            format!("{root}/a/../b"),
+            format!("{root}/./a"),
+            format!("{root}//a"),
+            format!("{root}/a/"),
+            root.to_owned(),
+            "/etc/passwd".to_owned(),
+            format!("{root}x/a"),
+            format!("{root}/a\0b"),
+        ] {
+            assert!(
+                matches!(roots.check(&bad), Err(HelperError::PathRefused { .. })),
+                "{bad:?} accepted"
+            );
+        }
+        let ok = roots.check(&format!("{root}/a/b")).unwrap();
+        assert_eq!(ok.name(), "b");
+        assert!(roots.contains(&format!("{root}/a")));
+        assert!(!roots.contains("/var"));
+    }
+
+    #[test]
+    fn refuses_the_filesystem_root() {
+        assert!(AllowedRoots::open(&[PathBuf::from("/")]).is_err());
+    }
+
+    #[test]
+    fn refuses_symlinks_on_the_way() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().canonicalize().unwrap();
+        std::fs::create_dir(dir.join("real")).unwrap();
+        std::os::unix::fs::symlink("/etc", dir.join("link")).unwrap();
+        let roots = AllowedRoots::open(std::slice::from_ref(&dir)).unwrap();
+        let root = dir.to_str().unwrap();
+        assert!(roots.check(&format!("{root}/real")).unwrap().open().unwrap().is_some());
+        assert!(
+            roots
+                .check(&format!("{root}/missing"))
+                .unwrap()
+                .open()
+                .unwrap()
+                .is_none()
+        );
+        for path in [format!("{root}/link"), format!("{root}/link/passwd")] {
+            let err = roots.check(&path).unwrap().open().unwrap_err();
+            assert!(matches!(err, HelperError::PathRefused { .. }), "{path}: {err}");
+        }
+        let err = roots
+            .check(&format!("{root}/link/x/y"))
+            .unwrap()
+            .open_parent(true)
+            .unwrap_err();
+        assert!(matches!(err, HelperError::PathRefused { .. }), "{err}");
+        assert!(!Path::new("/etc/x").exists());
+    }
+}

@@ -1,0 +1,126 @@
+//! The socket loop: check the peer, read one frame, handle, answer.
+
+use std::io;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ebs_csi_helper_proto::{
+    FrameVersion, HelperError, PROTOCOL_VERSION, RequestFrame, Response, decode, read_payload, write_frame,
+};
+
+use crate::handler::Handler;
+
+/// How the server admits and times connections.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Peers (by `SO_PEERCRED` uid) that may send requests; any other peer
+    /// is disconnected before a byte is read.
+    pub allowed_uids: Vec<u32>,
+    /// Connections served at once; more are answered [`HelperError::Busy`].
+    pub max_connections: usize,
+    /// Time allowed to send a whole request frame, and to read the answer.
+    pub io_timeout: Duration,
+}
+
+/// Serves connections on `listener` until it fails.
+///
+/// Each admitted connection runs on its own thread; requests that change
+/// the mount table or a device run one at a time, so two requests can
+/// never race on the same path or device.
+///
+/// # Errors
+/// Never returns on its own; errors on individual connections are logged.
+pub fn serve(listener: &UnixListener, handler: Arc<Handler>, config: &ServerConfig) -> io::Result<()> {
+    let active = Arc::new(AtomicUsize::new(0));
+    let exclusive = Arc::new(Mutex::new(()));
+    for stream in listener.incoming() {
+        let mut stream = match stream {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                continue;
+            }
+        };
+        let Some(uid) = admitted_peer(&stream, &config.allowed_uids) else {
+            continue;
+        };
+        if stream
+            .set_read_timeout(Some(config.io_timeout))
+            .and_then(|()| stream.set_write_timeout(Some(config.io_timeout)))
+            .is_err()
+        {
+            continue;
+        }
+        if active.fetch_add(1, Ordering::SeqCst) >= config.max_connections {
+            active.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!(peer_uid = uid, "busy: connection limit reached");
+            respond(&mut stream, Response::Err(HelperError::Busy));
+            continue;
+        }
+        let (handler, exclusive, active) = (Arc::clone(&handler), Arc::clone(&exclusive), Arc::clone(&active));
+        let spawned = std::thread::Builder::new().name("connection".into()).spawn(move || {
+            serve_connection(&mut stream, uid, &handler, &exclusive);
+            active.fetch_sub(1, Ordering::SeqCst);
+        });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start a connection thread");
+        }
+    }
+    Ok(())
+}
+
+/// The peer's uid if it is allowed; logs and returns `None` otherwise.
+fn admitted_peer(stream: &UnixStream, allowed_uids: &[u32]) -> Option<u32> {
+    match rustix::net::sockopt::socket_peercred(stream) {
+        Ok(cred) if allowed_uids.contains(&cred.uid.as_raw()) => Some(cred.uid.as_raw()),
+        Ok(cred) => {
+            tracing::warn!(
+                peer_uid = cred.uid.as_raw(),
+                peer_pid = cred.pid.as_raw_nonzero().get(),
+                "refused peer"
+            );
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "refused peer: no credentials");
+            None
+        }
+    }
+}
+
+fn serve_connection(stream: &mut UnixStream, peer_uid: u32, handler: &Handler, exclusive: &Mutex<()>) {
+    let request = read_payload(stream)
+        .map_err(|e| HelperError::InvalidRequest(e.to_string()))
+        .and_then(|payload| match decode::<FrameVersion>(&payload) {
+            Ok(FrameVersion { version }) if version != PROTOCOL_VERSION => {
+                Err(HelperError::UnsupportedVersion(version))
+            }
+            _ => decode::<RequestFrame>(&payload).map_err(|e| HelperError::InvalidRequest(e.to_string())),
+        });
+    let response = match request {
+        Ok(frame) => {
+            let _exclusive = exclusive.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let span = tracing::info_span!("request", peer_uid, request = ?frame.request);
+            let _entered = span.enter();
+            let result = handler.handle(&frame.request);
+            match &result {
+                Ok(reply) => tracing::info!(?reply, "done"),
+                Err(error) => tracing::warn!(%error, "refused"),
+            }
+            result.map_or_else(Response::Err, Response::Ok)
+        }
+        Err(error) => {
+            tracing::warn!(peer_uid, %error, "bad frame");
+            Response::Err(error)
+        }
+    };
+    respond(stream, response);
+}
+
+fn respond(stream: &mut UnixStream, response: Response) {
+    if let Err(e) = write_frame(stream, &response) {
+        tracing::warn!(error = %e, "cannot send the response");
+    }
+}

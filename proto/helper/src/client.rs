@@ -1,0 +1,70 @@
+//! A blocking client for the helper socket (the agent runs it on a
+//! blocking thread).
+
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::{FrameError, HelperError, Reply, Request, RequestFrame, Response, read_frame, write_frame};
+
+/// Why a call to the helper did not produce a reply.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The socket could not be reached (helper down, wrong path, or the
+    /// helper closed the connection because the peer is not allowed).
+    #[error("cannot reach the helper at {socket}: {source}")]
+    Connect {
+        /// The helper socket path.
+        socket: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The exchange broke off or did not decode.
+    #[error("helper exchange failed: {0}")]
+    Frame(#[from] FrameError),
+    /// The helper answered with an error.
+    #[error(transparent)]
+    Helper(#[from] HelperError),
+}
+
+/// Connects to the helper at a socket path, one connection per call.
+#[derive(Clone, Debug)]
+pub struct HelperClient {
+    socket: PathBuf,
+    timeout: Duration,
+}
+
+impl HelperClient {
+    /// A client for the helper listening at `socket`; `timeout` bounds each
+    /// read and write of an exchange (formatting a large volume is the
+    /// slowest request, a few seconds with lazy initialisation).
+    pub fn new(socket: impl Into<PathBuf>, timeout: Duration) -> Self {
+        Self {
+            socket: socket.into(),
+            timeout,
+        }
+    }
+
+    /// Sends `request` and waits for the helper's answer.
+    ///
+    /// # Errors
+    /// [`ClientError::Connect`] when the socket is unreachable,
+    /// [`ClientError::Frame`] when the exchange fails,
+    /// [`ClientError::Helper`] when the helper refuses.
+    pub fn call(&self, request: Request) -> Result<Reply, ClientError> {
+        let connect_error = |source| ClientError::Connect {
+            socket: self.socket.clone(),
+            source,
+        };
+        let mut stream = UnixStream::connect(&self.socket).map_err(connect_error)?;
+        stream
+            .set_read_timeout(Some(self.timeout))
+            .and_then(|()| stream.set_write_timeout(Some(self.timeout)))
+            .map_err(connect_error)?;
+        write_frame(&mut stream, &RequestFrame::new(request))?;
+        match read_frame(&mut stream)? {
+            Response::Ok(reply) => Ok(reply),
+            Response::Err(error) => Err(ClientError::Helper(error)),
+        }
+    }
+}

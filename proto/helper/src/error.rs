@@ -1,0 +1,81 @@
+//! The one error type the helper sends over the wire.
+
+use serde::{Deserialize, Serialize};
+
+/// Why the helper refused or failed a request. The agent maps each
+/// variant to exactly one gRPC status code.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum HelperError {
+    /// The frame's version is not [`crate::PROTOCOL_VERSION`].
+    #[error("protocol version {0} is not supported")]
+    UnsupportedVersion(u16),
+    /// A field is malformed (frame decode, bad option value, relative path).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// A path is outside the allowed roots, contains `..` or a symlink, or
+    /// is of the wrong kind.
+    #[error("path {path} refused: {reason}")]
+    PathRefused {
+        /// The path as the agent sent it.
+        path: String,
+        /// What check it failed.
+        reason: String,
+    },
+    /// The device is not provably the named EBS volume.
+    #[error("device {device} refused for volume {volume_id}: {reason}")]
+    DeviceRefused {
+        /// The device path as the agent sent it.
+        device: String,
+        /// The volume the device was supposed to be.
+        volume_id: String,
+        /// What check it failed.
+        reason: String,
+    },
+    /// A mount option is not on the allowlist.
+    #[error("mount option {0:?} is not allowed")]
+    MountOptionRefused(String),
+    /// The device already holds a different filesystem or a partition
+    /// table; it is never reformatted.
+    #[error("device {device} holds {found}, not {requested}; it is never reformatted")]
+    FilesystemMismatch {
+        /// The device path.
+        device: String,
+        /// What `blkid` found on it.
+        found: String,
+        /// The filesystem asked for.
+        requested: String,
+    },
+    /// Something else, or the same thing incompatibly, is mounted there.
+    #[error("{path} is already mounted incompatibly: {detail}")]
+    AlreadyMounted {
+        /// The staging or target path.
+        path: String,
+        /// What is mounted there instead.
+        detail: String,
+    },
+    /// The path must be a mount point and is not.
+    #[error("{path} is not mounted")]
+    NotMounted {
+        /// The staging or volume path.
+        path: String,
+    },
+    /// The helper is at its concurrency limit; try again.
+    #[error("the helper is busy; try again")]
+    Busy,
+    /// An external tool (mkfs, resize2fs, xfs_growfs, blkid) failed.
+    #[error("{tool} failed: {detail}")]
+    ToolFailed {
+        /// Absolute path of the tool.
+        tool: String,
+        /// Exit status and the tail of its stderr.
+        detail: String,
+    },
+    /// A system call failed unexpectedly.
+    #[error("{operation} failed: {detail}")]
+    System {
+        /// What the helper was doing.
+        operation: String,
+        /// The OS error.
+        detail: String,
+    },
+}

@@ -1,0 +1,26 @@
+//! The agent↔helper protocol: a closed, versioned set of requests and
+//! replies, each carried as one length-prefixed CBOR frame over a unix
+//! stream socket.
+//!
+//! A connection carries exactly one exchange: the agent writes one
+//! [`RequestFrame`], the helper answers with one [`Response`] and closes.
+//! Every struct rejects unknown fields and every enum is closed, so a frame
+//! that does not match this version exactly is refused as a whole.
+//!
+//! This crate has no async runtime and no gRPC dependency, so the helper
+//! binary can link it while staying free of tokio and tonic.
+
+mod client;
+mod error;
+mod frame;
+mod message;
+mod volume_id;
+
+pub use client::{ClientError, HelperClient};
+pub use error::HelperError;
+pub use frame::{FrameError, MAX_FRAME_BYTES, decode, read_frame, read_payload, write_frame};
+pub use message::{
+    ExpandRequest, FormatOptions, FrameVersion, FsType, PROTOCOL_VERSION, PublishRequest, PublishSource, Reply,
+    Request, RequestFrame, Response, StageRequest, UnpublishRequest, UnstageRequest,
+};
+pub use volume_id::{InvalidVolumeId, VolumeId};

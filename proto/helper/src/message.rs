@@ -1,0 +1,215 @@
+//! The requests and replies of protocol version [`PROTOCOL_VERSION`].
+//!
+//! Paths travel as strings: the helper validates them itself against its
+//! allowed roots and never trusts the agent's view of the file system.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{HelperError, VolumeId};
+
+/// The protocol version this crate speaks. The helper answers a frame of
+/// any other version with [`HelperError::UnsupportedVersion`].
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// What the agent sends: one request tagged with the protocol version.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestFrame {
+    /// Must equal [`PROTOCOL_VERSION`].
+    pub version: u16,
+    /// The operation asked for.
+    pub request: Request,
+}
+
+impl RequestFrame {
+    /// Wraps `request` in a frame of this crate's version.
+    pub fn new(request: Request) -> Self {
+        Self {
+            version: PROTOCOL_VERSION,
+            request,
+        }
+    }
+}
+
+/// The version field alone, read first so that a frame of another
+/// version is answered with [`HelperError::UnsupportedVersion`] even when
+/// its request does not decode in this version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub struct FrameVersion {
+    /// The sender's protocol version.
+    pub version: u16,
+}
+
+/// Every operation the helper performs. The set is closed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// Liveness check; answered with [`Reply::Pong`] and no side effect.
+    Ping,
+    /// Format a blank device if needed and mount it at the staging path.
+    Stage(StageRequest),
+    /// Unmount the staging path.
+    Unstage(UnstageRequest),
+    /// Bind-mount a staged filesystem or a block device at a target path.
+    Publish(PublishRequest),
+    /// Unmount a target path and remove the mount point.
+    Unpublish(UnpublishRequest),
+    /// Grow a mounted filesystem to the size of its device.
+    Expand(ExpandRequest),
+}
+
+/// Filesystems the helper can create and mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FsType {
+    /// ext2, made with `mkfs.ext2`.
+    Ext2,
+    /// ext3, made with `mkfs.ext3`.
+    Ext3,
+    /// ext4, made with `mkfs.ext4` (the CSI default of the Go driver).
+    Ext4,
+    /// XFS, made with `mkfs.xfs`, always mounted with `nouuid`.
+    Xfs,
+}
+
+impl FsType {
+    /// The name used by the kernel, `blkid` and the CSI `fs_type` field.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ext2 => "ext2",
+            Self::Ext3 => "ext3",
+            Self::Ext4 => "ext4",
+            Self::Xfs => "xfs",
+        }
+    }
+
+    /// Parses a kernel/blkid filesystem name; `None` for anything else.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Ext2, Self::Ext3, Self::Ext4, Self::Xfs]
+            .into_iter()
+            .find(|fs| fs.name() == name)
+    }
+}
+
+/// Formatting options, named after the Go driver's StorageClass
+/// parameters. `None` leaves the tool's default.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FormatOptions {
+    /// `blockSize`: filesystem block size in bytes (ext: `-b`, xfs: `-b size=`).
+    pub block_size: Option<u32>,
+    /// `inodeSize`: inode size in bytes (ext: `-I`, xfs: `-i size=`).
+    pub inode_size: Option<u32>,
+    /// `bytesPerInode`: bytes of space per inode (ext only: `-i`).
+    pub bytes_per_inode: Option<u32>,
+    /// `numberOfInodes`: total inode count (ext only: `-N`).
+    pub number_of_inodes: Option<u64>,
+    /// `ext4BigAlloc`: enable the bigalloc feature (ext4 only: `-O bigalloc`).
+    pub ext4_bigalloc: bool,
+    /// `ext4ClusterSize`: cluster size in bytes with bigalloc (ext4 only: `-C`).
+    pub ext4_cluster_size: Option<u32>,
+}
+
+/// Stage: make `device` (which must be the EBS volume `volume_id`) a
+/// mounted filesystem at `staging_path`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageRequest {
+    /// The volume the device must prove to be.
+    pub volume_id: VolumeId,
+    /// Absolute path of the block device, e.g. `/dev/nvme1n1`.
+    pub device: String,
+    /// Absolute staging path, under one of the helper's allowed roots.
+    pub staging_path: String,
+    /// The filesystem to create on a blank device, or to expect.
+    pub fs_type: FsType,
+    /// Mount options (each must be on the helper's allowlist).
+    pub mount_flags: Vec<String>,
+    /// Options for `mkfs`, used only when the device is blank.
+    pub format: FormatOptions,
+}
+
+/// Unstage: unmount `staging_path`; success when it is not mounted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnstageRequest {
+    /// Absolute staging path, under one of the helper's allowed roots.
+    pub staging_path: String,
+}
+
+/// Publish: bind-mount a source at `target_path`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishRequest {
+    /// Absolute target path; created (directory or file) when missing.
+    pub target_path: String,
+    /// Mount read-only.
+    pub readonly: bool,
+    /// What to bind-mount.
+    pub source: PublishSource,
+}
+
+/// The source of a [`PublishRequest`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PublishSource {
+    /// A filesystem volume, already mounted at `staging_path` by Stage.
+    Staging {
+        /// Absolute staging path, under one of the helper's allowed roots.
+        staging_path: String,
+        /// Per-mount options (each must be on the helper's allowlist).
+        mount_flags: Vec<String>,
+    },
+    /// A raw block volume: `device` is bind-mounted onto a file.
+    Device {
+        /// The volume the device must prove to be.
+        volume_id: VolumeId,
+        /// Absolute path of the block device.
+        device: String,
+    },
+}
+
+/// Unpublish: unmount `target_path` and remove it; success when missing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnpublishRequest {
+    /// Absolute target path, under one of the helper's allowed roots.
+    pub target_path: String,
+}
+
+/// Expand: grow the filesystem mounted at `volume_path` from `device`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpandRequest {
+    /// The volume the device must prove to be.
+    pub volume_id: VolumeId,
+    /// Absolute path of the block device.
+    pub device: String,
+    /// A staging or target path where the device's filesystem is mounted.
+    pub volume_path: String,
+}
+
+/// A successful answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    /// The request's end state holds (it may already have held).
+    Done,
+    /// Answer to [`Request::Ping`], with the helper's protocol version.
+    Pong {
+        /// The helper's [`PROTOCOL_VERSION`].
+        version: u16,
+    },
+    /// Answer to [`Request::Expand`].
+    Expanded {
+        /// The size of the block device, and so of the grown filesystem's
+        /// volume, in bytes.
+        size_bytes: u64,
+    },
+}
+
+/// What the helper sends back: exactly one frame per request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// The request succeeded.
+    Ok(Reply),
+    /// The request was refused or failed; nothing was changed unless the
+    /// error says so.
+    Err(HelperError),
+}

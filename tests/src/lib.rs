@@ -1,0 +1,328 @@
+//! Test support: real helper and agent processes, loop devices standing in
+//! for EBS volumes, and a CSI client over the agent's unix socket.
+//!
+//! Everything here needs root (loop devices, mounts); [`require_root`]
+//! lets a test skip with a message when it is not.
+#![allow(
+    clippy::expect_used,
+    reason = "test support: a failed set-up step should stop the test"
+)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ebs_csi_helper_proto::{ClientError, HelperClient, Reply, Request};
+use ebs_csi_proto::v1::node_client::NodeClient;
+use tonic::transport::{Channel, Endpoint};
+
+pub mod loopdev;
+
+pub use loopdev::LoopVolume;
+
+/// The unprivileged uid the agent runs as in tests (`nobody`).
+pub const AGENT_UID: u32 = 65534;
+
+/// Returns false, with a message, when the tests cannot run as root.
+pub fn require_root() -> bool {
+    let root = rustix::process::geteuid().is_root();
+    if !root {
+        eprintln!("skipped: this test needs root (loop devices and mounts)");
+    }
+    root
+}
+
+/// Path of a binary of this workspace, built next to the test executable
+/// (`make test` builds every binary first).
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: run `cargo build --workspace --bins`",
+        path.display()
+    );
+    path
+}
+
+/// Waits until `condition` holds, polling every 10 ms, or panics after
+/// `deadline` with `what`.
+pub fn wait_until(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !condition() {
+        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A scratch tree: the helper's allowed root, sockets, backing files.
+pub struct Sandbox {
+    dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    /// A new world-traversable temporary directory.
+    pub fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("ebs-csi-test-")
+            .tempdir()
+            .expect("tempdir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        Self { dir }
+    }
+
+    /// The root directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The allowed root handed to the helper (`<sandbox>/kubelet`).
+    pub fn kubelet(&self) -> PathBuf {
+        self.mkdir("kubelet")
+    }
+
+    /// The device tree the agent is pointed at (`--dev-dir`).
+    pub fn dev_dir(&self) -> PathBuf {
+        self.mkdir("dev")
+    }
+
+    /// Links `dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol…` to the
+    /// loop device of `volume`, as udev does for an attached EBS volume.
+    pub fn link_ebs_device(&self, volume: &LoopVolume) {
+        let by_id = self.mkdir("dev/disk/by-id");
+        let serial = volume.volume_id.replacen('-', "", 1);
+        std::os::unix::fs::symlink(
+            &volume.device,
+            by_id.join(format!("nvme-Amazon_Elastic_Block_Store_{serial}")),
+        )
+        .expect("link");
+    }
+
+    /// Creates `<sandbox>/<rel>` (and parents), mode 0755.
+    pub fn mkdir(&self, rel: &str) -> PathBuf {
+        let path = self.path().join(rel);
+        std::fs::create_dir_all(&path).expect("mkdir");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        path
+    }
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        // Unmount whatever a failed test left behind, deepest first, so the
+        // temporary directory can be removed.
+        let root = self.path().to_string_lossy().into_owned();
+        let mut mounts: Vec<String> = ebs_csi_mounts().into_iter().filter(|m| m.starts_with(&root)).collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for mount in mounts {
+            let _ = rustix::mount::unmount(mount.as_str(), rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+}
+
+/// Mount points of this process's mount namespace.
+pub fn ebs_csi_mounts() -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
+        .collect()
+}
+
+/// Mount points at or beneath `root` (tests run in parallel, so each looks
+/// only at its own sandbox).
+pub fn mounts_under(root: &Path) -> Vec<String> {
+    let root = root.to_string_lossy();
+    ebs_csi_mounts().into_iter().filter(|m| m.starts_with(&*root)).collect()
+}
+
+/// Whether `path` is a mount point.
+pub fn is_mounted(path: &Path) -> bool {
+    let path = path.to_string_lossy();
+    ebs_csi_mounts().iter().any(|m| *m == path)
+}
+
+/// A running process, killed on drop.
+pub struct Process {
+    child: Child,
+    name: &'static str,
+    log: PathBuf,
+}
+
+impl Process {
+    /// The process's stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- {} log ---\n{}", self.name, self.log());
+        }
+    }
+}
+
+fn spawn(name: &'static str, mut command: Command, log: PathBuf, socket: &Path) -> Process {
+    let file = std::fs::File::create(&log).expect("log file");
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(file)
+        .spawn()
+        .expect("spawn");
+    let process = Process { child, name, log };
+    wait_until(
+        &format!("{name} socket {}", socket.display()),
+        Duration::from_secs(20),
+        || socket.exists(),
+    );
+    process
+}
+
+/// The helper of a test: the real `ebs-csi-helper` binary, as root.
+pub struct Helper {
+    /// Its socket.
+    pub socket: PathBuf,
+    /// The process.
+    pub process: Process,
+}
+
+impl Helper {
+    /// Starts the helper with `--allow-loop-devices`, allowing the agent
+    /// uid and the sandbox's kubelet directory, plus `extra` arguments.
+    pub fn start(sandbox: &Sandbox, extra: &[&str]) -> Self {
+        let socket = sandbox.path().join("helper/helper.sock");
+        let mut command = Command::new(binary("ebs-csi-helper"));
+        command
+            .arg("--socket")
+            .arg(&socket)
+            .args([
+                "--socket-group",
+                &AGENT_UID.to_string(),
+                "--allowed-uid",
+                &AGENT_UID.to_string(),
+                "--allowed-root",
+            ])
+            .arg(sandbox.kubelet())
+            .arg("--allow-loop-devices")
+            .args(extra);
+        let process = spawn("helper", command, sandbox.path().join("helper.log"), &socket);
+        Self { socket, process }
+    }
+
+    /// Sends one request as the agent's uid would, from a child process
+    /// running as that uid (the helper refuses root unless allowed).
+    pub fn call_as(&self, uid: u32, request: Request) -> Result<Reply, ClientError> {
+        let socket = self.socket.clone();
+        run_as(uid, move || {
+            HelperClient::new(socket, Duration::from_secs(60)).call(request)
+        })
+    }
+
+    /// Sends one request as the agent's uid.
+    pub fn call(&self, request: Request) -> Result<Reply, ClientError> {
+        self.call_as(AGENT_UID, request)
+    }
+}
+
+/// Runs `f` on a thread whose uid and gid are switched to `id` (Linux
+/// credentials are per thread at the syscall level), then returns its
+/// result.
+pub fn run_as<T: Send + 'static>(id: u32, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        let gid = rustix::process::Gid::from_raw(id);
+        rustix::thread::set_thread_res_gid(gid, gid, gid).expect("setresgid");
+        let uid = rustix::process::Uid::from_raw(id);
+        rustix::thread::set_thread_res_uid(uid, uid, uid).expect("setresuid");
+        f()
+    })
+    .join()
+    .expect("thread")
+}
+
+/// The agent of a test: the real `ebs-csi-agent` binary, as uid 65534.
+pub struct Agent {
+    /// Its CSI socket.
+    pub socket: PathBuf,
+    /// The process.
+    pub process: Process,
+}
+
+impl Agent {
+    /// Node metadata flags for tests that do not exercise IMDS.
+    pub const NODE_FLAGS: [&'static str; 6] = [
+        "--node-id",
+        "i-0123456789abcdef0",
+        "--availability-zone",
+        "us-east-1a",
+        "--instance-type",
+        "m5.large",
+    ];
+
+    /// Starts the agent with [`Agent::NODE_FLAGS`] and a short device wait.
+    pub fn start(sandbox: &Sandbox, helper: &Helper) -> Self {
+        Self::spawn(
+            sandbox,
+            helper,
+            &[&Self::NODE_FLAGS[..], &["--device-wait-seconds", "10"]].concat(),
+            &[],
+        )
+    }
+
+    /// Starts the agent as [`AGENT_UID`] against `helper`, with `--dev-dir`
+    /// pointing at the sandbox's device tree, `args` and environment `env`.
+    pub fn spawn(sandbox: &Sandbox, helper: &Helper, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let run = sandbox.mkdir("agent");
+        std::os::unix::fs::chown(&run, Some(AGENT_UID), Some(AGENT_UID)).expect("chown");
+        let socket = run.join("csi.sock");
+        let mut command = Command::new(binary("ebs-csi-agent"));
+        command
+            .arg("--endpoint")
+            .arg(format!("unix://{}", socket.display()))
+            .arg("--helper-socket")
+            .arg(&helper.socket)
+            .arg("--dev-dir")
+            .arg(sandbox.dev_dir())
+            .args(args)
+            .envs(env.iter().copied())
+            .uid(AGENT_UID)
+            .gid(AGENT_UID);
+        let process = spawn("agent", command, sandbox.path().join("agent.log"), &socket);
+        Self { socket, process }
+    }
+
+    /// A CSI Node client connected to the agent's socket.
+    pub async fn node(&self) -> NodeClient<Channel> {
+        NodeClient::new(channel(&self.socket).await)
+    }
+}
+
+/// A gRPC channel over a unix socket.
+pub async fn channel(socket: &Path) -> Channel {
+    let socket = socket.to_path_buf();
+    Endpoint::try_from("http://[::]:50051")
+        .expect("endpoint")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
+        }))
+        .await
+        .expect("connect")
+}

@@ -1,0 +1,112 @@
+//! Loop devices over sparse files named after volume ids: the stand-in
+//! for attached EBS volumes on a machine without NVMe.
+#![allow(clippy::expect_used, reason = "test support")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A sparse backing file `<dir>/<volume_id>.img` and a loop device over
+/// it, detached on drop.
+pub struct LoopVolume {
+    /// The volume id the backing file is named after.
+    pub volume_id: String,
+    /// The backing file.
+    pub file: PathBuf,
+    /// The loop device, e.g. `/dev/loop3`.
+    pub device: PathBuf,
+}
+
+impl LoopVolume {
+    /// Creates a `size_mib` MiB sparse file and attaches a loop device.
+    pub fn create(dir: &Path, volume_id: &str, size_mib: u64) -> Self {
+        let file = dir.join(format!("{volume_id}.img"));
+        std::fs::File::create(&file)
+            .and_then(|f| f.set_len(size_mib << 20))
+            .expect("backing file");
+        let device = attach(&file, &[]);
+        Self {
+            volume_id: volume_id.to_owned(),
+            file,
+            device,
+        }
+    }
+
+    /// Attaches a second loop device over a file, with extra `losetup` args.
+    pub fn attach_extra(&self, args: &[&str]) -> PathBuf {
+        attach(&self.file, args)
+    }
+
+    /// Grows the backing file to `size_mib` MiB and tells the loop driver
+    /// (`losetup -c`).
+    pub fn grow(&self, size_mib: u64) {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.file)
+            .and_then(|f| f.set_len(size_mib << 20))
+            .expect("grow");
+        run("losetup", &["-c", &self.device.to_string_lossy()]);
+    }
+
+    /// The device's size in bytes (sysfs).
+    pub fn size_bytes(&self) -> u64 {
+        let name = self.device.file_name().expect("name").to_string_lossy().into_owned();
+        let sectors: u64 = std::fs::read_to_string(format!("/sys/block/{name}/size"))
+            .expect("size")
+            .trim()
+            .parse()
+            .expect("number");
+        sectors * 512
+    }
+
+    /// What `blkid -p` says the device holds (`TYPE=…` / `PTTYPE=…`), or
+    /// empty when blank.
+    pub fn signature(&self) -> String {
+        signature(&self.device)
+    }
+}
+
+/// What `blkid -p` says a device holds, or empty when blank.
+pub fn signature(device: &Path) -> String {
+    let out = Command::new("blkid")
+        .args(["-p", "-o", "export"])
+        .arg(device)
+        .output()
+        .expect("blkid");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("TYPE=") || l.starts_with("PTTYPE="))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+impl Drop for LoopVolume {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.device).status();
+    }
+}
+
+fn attach(file: &Path, args: &[&str]) -> PathBuf {
+    let out = Command::new("losetup")
+        .args(["--find", "--show"])
+        .args(args)
+        .arg(file)
+        .output()
+        .expect("losetup");
+    assert!(
+        out.status.success(),
+        "losetup: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// Runs a command and asserts it succeeds; returns stdout.
+pub fn run(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program).args(args).output().expect(program);
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

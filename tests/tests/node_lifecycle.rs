@@ -1,0 +1,591 @@
+//! The real agent (as uid 65534) and helper (as root), driven over CSI
+//! with loop devices standing in for EBS volumes.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration tests: a failed step fails the test"
+)]
+
+use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use ebs_csi_proto::v1::node_client::NodeClient;
+use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
+use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+use ebs_csi_proto::v1::*;
+use ebs_csi_tests::{Agent, Helper, LoopVolume, Sandbox, is_mounted, require_root};
+use tonic::Code;
+use tonic::transport::Channel;
+
+/// One volume on one node: sandbox, helper, agent, device, paths.
+struct Node {
+    sandbox: Sandbox,
+    _helper: Helper,
+    agent: Agent,
+    client: NodeClient<Channel>,
+    staging: PathBuf,
+    target: PathBuf,
+}
+
+impl Node {
+    async fn start() -> Self {
+        let sandbox = Sandbox::new();
+        let helper = Helper::start(&sandbox, &[]);
+        let agent = Agent::start(&sandbox, &helper);
+        let client = agent.node().await;
+        let staging = sandbox.mkdir("kubelet/plugins/kubernetes.io/csi/ebs.csi.aws.com/staging");
+        let target = sandbox
+            .kubelet()
+            .join("pods/pod-1/volumes/kubernetes.io~csi/pv-1/mount");
+        Self {
+            sandbox,
+            _helper: helper,
+            agent,
+            client,
+            staging,
+            target,
+        }
+    }
+
+    fn volume(&self, volume_id: &str, size_mib: u64) -> LoopVolume {
+        let volume = LoopVolume::create(self.sandbox.path(), volume_id, size_mib);
+        self.sandbox.link_ebs_device(&volume);
+        volume
+    }
+
+    async fn stage(&mut self, volume_id: &str, capability: VolumeCapability) -> Result<(), tonic::Status> {
+        let request = NodeStageVolumeRequest {
+            volume_id: volume_id.into(),
+            staging_target_path: path(&self.staging),
+            volume_capability: Some(capability),
+            publish_context: [("devicePath".to_owned(), "/dev/xvdba".to_owned())].into(),
+            ..Default::default()
+        };
+        self.client.node_stage_volume(request).await.map(drop)
+    }
+
+    async fn unstage(&mut self, volume_id: &str) -> Result<(), tonic::Status> {
+        let request = NodeUnstageVolumeRequest {
+            volume_id: volume_id.into(),
+            staging_target_path: path(&self.staging),
+        };
+        self.client.node_unstage_volume(request).await.map(drop)
+    }
+
+    async fn publish(
+        &mut self,
+        volume_id: &str,
+        capability: VolumeCapability,
+        readonly: bool,
+    ) -> Result<(), tonic::Status> {
+        let request = NodePublishVolumeRequest {
+            volume_id: volume_id.into(),
+            staging_target_path: path(&self.staging),
+            target_path: path(&self.target),
+            volume_capability: Some(capability),
+            readonly,
+            ..Default::default()
+        };
+        self.client.node_publish_volume(request).await.map(drop)
+    }
+
+    async fn unpublish(&mut self, volume_id: &str) -> Result<(), tonic::Status> {
+        let request = NodeUnpublishVolumeRequest {
+            volume_id: volume_id.into(),
+            target_path: path(&self.target),
+        };
+        self.client.node_unpublish_volume(request).await.map(drop)
+    }
+}
+
+fn path(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+fn mount(fs_type: &str, mode: Mode) -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs_type.into(),
+            mount_flags: vec!["noatime".into()],
+            ..Default::default()
+        })),
+    }
+}
+
+fn block() -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Block(BlockVolume {})),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stage_publish_write_and_restage_keeps_data() {
+    if !require_root() {
+        return;
+    }
+    for (volume_id, fs_type, size_mib) in [
+        ("vol-0aaaaaaaaaaaaaaa1", "ext4", 64),
+        ("vol-0bbbbbbbbbbbbbbb2", "xfs", 320),
+    ] {
+        let mut node = Node::start().await;
+        let volume = node.volume(volume_id, size_mib);
+        let cap = mount(fs_type, Mode::SingleNodeWriter);
+        for _ in 0..2 {
+            node.stage(volume_id, cap.clone()).await.unwrap();
+            assert!(is_mounted(&node.staging));
+        }
+        assert!(
+            volume.signature().contains(&format!("TYPE={fs_type}")),
+            "{}",
+            volume.signature()
+        );
+        for _ in 0..2 {
+            node.publish(volume_id, cap.clone(), false).await.unwrap();
+            assert!(is_mounted(&node.target));
+        }
+        std::fs::write(node.target.join("hello.txt"), "kept across restage").unwrap();
+        for _ in 0..2 {
+            node.unpublish(volume_id).await.unwrap();
+            assert!(!node.target.exists(), "the target is removed");
+        }
+        for _ in 0..2 {
+            node.unstage(volume_id).await.unwrap();
+            assert!(!is_mounted(&node.staging));
+        }
+        node.stage(volume_id, cap.clone()).await.unwrap();
+        node.publish(volume_id, cap.clone(), false).await.unwrap();
+        assert_eq!(
+            std::fs::read_to_string(node.target.join("hello.txt")).unwrap(),
+            "kept across restage"
+        );
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let line = mountinfo.lines().find(|l| l.contains(&path(&node.target))).unwrap();
+        assert!(
+            line.contains("nosuid") && line.contains("nodev") && line.contains("noatime"),
+            "{line}"
+        );
+        node.unpublish(volume_id).await.unwrap();
+        node.unstage(volume_id).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readonly_publish_refuses_writes() {
+    if !require_root() {
+        return;
+    }
+    let mut node = Node::start().await;
+    let volume_id = "vol-0ccccccccccccccc3";
+    let _volume = node.volume(volume_id, 64);
+    node.stage(volume_id, mount("ext4", Mode::SingleNodeWriter))
+        .await
+        .unwrap();
+    node.publish(volume_id, mount("ext4", Mode::SingleNodeReaderOnly), true)
+        .await
+        .unwrap();
+    let err = std::fs::write(node.target.join("x"), "x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(30), "EROFS expected, got {err}");
+    node.publish(volume_id, mount("ext4", Mode::SingleNodeReaderOnly), true)
+        .await
+        .unwrap();
+    let incompatible = node
+        .publish(volume_id, mount("ext4", Mode::SingleNodeWriter), false)
+        .await
+        .unwrap_err();
+    assert_eq!(incompatible.code(), Code::AlreadyExists, "{incompatible:?}");
+    node.unpublish(volume_id).await.unwrap();
+    node.unstage(volume_id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn raw_block_publish_exposes_the_device() {
+    if !require_root() {
+        return;
+    }
+    let mut node = Node::start().await;
+    let volume_id = "vol-0ddddddddddddddd4";
+    let volume = node.volume(volume_id, 16);
+    node.target = node
+        .sandbox
+        .kubelet()
+        .join("plugins/kubernetes.io/csi/volumeDevices/publish/pv-1/pod-1");
+    node.stage(volume_id, block()).await.unwrap();
+    assert!(!is_mounted(&node.staging), "block volumes are not staged");
+    for _ in 0..2 {
+        node.publish(volume_id, block(), false).await.unwrap();
+    }
+    let meta = std::fs::metadata(&node.target).unwrap();
+    assert!(meta.file_type().is_block_device());
+    let mut device = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&node.target)
+        .unwrap();
+    device.write_all(b"raw bytes").unwrap();
+    device.seek(SeekFrom::Start(0)).unwrap();
+    let mut back = [0u8; 9];
+    device.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"raw bytes");
+    drop(device);
+    let mut backing = std::fs::File::open(&volume.file).unwrap();
+    backing.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"raw bytes", "the bytes reached the volume");
+    node.unpublish(volume_id).await.unwrap();
+    assert!(!node.target.exists());
+    assert_eq!(volume.signature(), "", "a block volume is never formatted");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expand_grows_the_filesystem_online() {
+    if !require_root() {
+        return;
+    }
+    for (volume_id, fs_type, size_mib) in [
+        ("vol-0eeeeeeeeeeeeeee5", "ext4", 64),
+        ("vol-0fffffffffffffff6", "xfs", 320),
+    ] {
+        let mut node = Node::start().await;
+        let volume = node.volume(volume_id, size_mib);
+        let cap = mount(fs_type, Mode::SingleNodeWriter);
+        node.stage(volume_id, cap.clone()).await.unwrap();
+        node.publish(volume_id, cap.clone(), false).await.unwrap();
+        let before = rustix::fs::statvfs(&node.target).unwrap();
+        volume.grow(size_mib * 2);
+        let request = NodeExpandVolumeRequest {
+            volume_id: volume_id.into(),
+            volume_path: path(&node.target),
+            staging_target_path: path(&node.staging),
+            volume_capability: Some(cap),
+            ..Default::default()
+        };
+        if fs_type == "ext4" && !has_cap_sys_resource() {
+            // Online ext4 growth needs CAP_SYS_RESOURCE (ext4_resize_begin);
+            // some sandboxes withhold it even from root.
+            let err = node.client.node_expand_volume(request).await.unwrap_err();
+            assert!(
+                err.message().contains("resize2fs") && err.message().contains("Permission denied"),
+                "{err:?}"
+            );
+            eprintln!("skipped ext4 growth: this machine withholds CAP_SYS_RESOURCE from root");
+            continue;
+        }
+        let response = node
+            .client
+            .node_expand_volume(request.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(u64::try_from(response.capacity_bytes).unwrap(), volume.size_bytes());
+        let after = rustix::fs::statvfs(&node.target).unwrap();
+        assert!(
+            after.f_blocks * after.f_frsize > before.f_blocks * before.f_frsize * 3 / 2,
+            "{fs_type} did not grow"
+        );
+        node.client.node_expand_volume(request).await.unwrap();
+        let df = ebs_csi_tests::loopdev::run("df", &["-B1", "--output=size", &path(&node.target)]);
+        let df_size: u64 = df.lines().nth(1).unwrap().trim().parse().unwrap();
+        assert!(df_size > (size_mib << 20) * 3 / 2, "df shows {df_size}");
+        node.unpublish(volume_id).await.unwrap();
+        node.unstage(volume_id).await.unwrap();
+    }
+}
+
+fn has_cap_sys_resource() -> bool {
+    const CAP_SYS_RESOURCE: u32 = 24;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let effective = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim();
+    u64::from_str_radix(effective, 16).unwrap() & (1 << CAP_SYS_RESOURCE) != 0
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_calls_on_one_volume_are_aborted_and_stage_waits_for_the_device() {
+    if !require_root() {
+        return;
+    }
+    let mut node = Node::start().await;
+    let volume_id = "vol-0123456789abcdef7";
+    let mut first = node.client.clone();
+    let request = NodeStageVolumeRequest {
+        volume_id: volume_id.into(),
+        staging_target_path: path(&node.staging),
+        volume_capability: Some(mount("ext4", Mode::SingleNodeWriter)),
+        ..Default::default()
+    };
+    let waiting = tokio::spawn({
+        let request = request.clone();
+        async move { first.node_stage_volume(request).await }
+    });
+    // The first call is now waiting for a device that does not exist yet.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let second = node.client.node_stage_volume(request.clone()).await.unwrap_err();
+    assert_eq!(second.code(), Code::Aborted, "{second:?}");
+    let unstage = node.unstage(volume_id).await.unwrap_err();
+    assert_eq!(unstage.code(), Code::Aborted);
+    // Attach: the waiting call notices the device and stages it.
+    let _volume = node.volume(volume_id, 64);
+    waiting.await.unwrap().unwrap();
+    assert!(is_mounted(&node.staging));
+    node.unstage(volume_id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stage_times_out_with_unavailable_naming_the_volume() {
+    if !require_root() {
+        return;
+    }
+    let mut node = Node::start().await;
+    let started = std::time::Instant::now();
+    let err = node
+        .stage("vol-0999999999999999a", mount("ext4", Mode::SingleNodeWriter))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert!(err.message().contains("vol-0999999999999999a"), "{err:?}");
+    assert!(started.elapsed() >= std::time::Duration::from_secs(10));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn volume_stats_report_usage_and_condition() {
+    if !require_root() {
+        return;
+    }
+    let mut node = Node::start().await;
+    let volume_id = "vol-0aaaaaaaaaaaaaab8";
+    let _volume = node.volume(volume_id, 64);
+    let cap = mount("ext4", Mode::SingleNodeWriter);
+    node.stage(volume_id, cap.clone()).await.unwrap();
+    node.publish(volume_id, cap, false).await.unwrap();
+    let request = NodeGetVolumeStatsRequest {
+        volume_id: volume_id.into(),
+        volume_path: path(&node.target),
+        staging_target_path: path(&node.staging),
+    };
+    let stats = node
+        .client
+        .node_get_volume_stats(request.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let bytes = stats
+        .usage
+        .iter()
+        .find(|u| u.unit == volume_usage::Unit::Bytes as i32)
+        .unwrap();
+    let inodes = stats
+        .usage
+        .iter()
+        .find(|u| u.unit == volume_usage::Unit::Inodes as i32)
+        .unwrap();
+    assert!(
+        bytes.total > 50 << 20 && bytes.available > 0 && bytes.used > 0,
+        "{bytes:?}"
+    );
+    assert!(inodes.total > 0 && inodes.used > 0, "{inodes:?}");
+    assert!(!stats.volume_condition.unwrap().abnormal);
+    // The staging mount disappears (a crashed node, a manual umount).
+    rustix::mount::unmount(node.staging.as_path(), rustix::mount::UnmountFlags::empty()).unwrap();
+    let stats = node.client.node_get_volume_stats(request).await.unwrap().into_inner();
+    let condition = stats.volume_condition.unwrap();
+    assert!(
+        condition.abnormal && condition.message.contains("staging"),
+        "{condition:?}"
+    );
+    let missing = NodeGetVolumeStatsRequest {
+        volume_id: volume_id.into(),
+        volume_path: path(&node.sandbox.kubelet().join("nope")),
+        staging_target_path: String::new(),
+    };
+    assert_eq!(
+        node.client.node_get_volume_stats(missing).await.unwrap_err().code(),
+        Code::NotFound
+    );
+    node.unpublish(volume_id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn invalid_requests_change_nothing() {
+    if !require_root() {
+        return;
+    }
+    let mut node = Node::start().await;
+    let volume_id = "vol-0aaaaaaaaaaaaaab9";
+    let volume = node.volume(volume_id, 64);
+    let good = mount("ext4", Mode::SingleNodeWriter);
+    let staging = path(&node.staging);
+    let cases: Vec<(NodeStageVolumeRequest, Code)> = vec![
+        (
+            NodeStageVolumeRequest {
+                staging_target_path: staging.clone(),
+                volume_capability: Some(good.clone()),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            NodeStageVolumeRequest {
+                volume_id: "vol-bad".into(),
+                staging_target_path: staging.clone(),
+                volume_capability: Some(good.clone()),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            NodeStageVolumeRequest {
+                volume_id: volume_id.into(),
+                volume_capability: Some(good.clone()),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            NodeStageVolumeRequest {
+                volume_id: volume_id.into(),
+                staging_target_path: staging.clone(),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            NodeStageVolumeRequest {
+                volume_id: volume_id.into(),
+                staging_target_path: staging.clone(),
+                volume_capability: Some(mount("btrfs", Mode::SingleNodeWriter)),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            NodeStageVolumeRequest {
+                volume_id: volume_id.into(),
+                staging_target_path: staging.clone(),
+                volume_capability: Some(mount("ext4", Mode::MultiNodeMultiWriter)),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            NodeStageVolumeRequest {
+                volume_id: volume_id.into(),
+                staging_target_path: staging.clone(),
+                volume_capability: Some(good.clone()),
+                volume_context: HashMap::from([("blockSize".into(), "huge".into())]),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            NodeStageVolumeRequest {
+                volume_id: volume_id.into(),
+                staging_target_path: staging.clone(),
+                volume_capability: Some(good.clone()),
+                volume_context: HashMap::from([("blockSize".into(), "3000".into())]),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+        ),
+        (
+            NodeStageVolumeRequest {
+                volume_id: volume_id.into(),
+                staging_target_path: "/etc".into(),
+                volume_capability: Some(good.clone()),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+        ),
+    ];
+    let bad_flags = VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: "ext4".into(),
+            mount_flags: vec!["suid".into()],
+            ..Default::default()
+        })),
+        ..good.clone()
+    };
+    let cases = cases.into_iter().chain([(
+        NodeStageVolumeRequest {
+            volume_id: volume_id.into(),
+            staging_target_path: staging.clone(),
+            volume_capability: Some(bad_flags),
+            ..Default::default()
+        },
+        Code::InvalidArgument,
+    )]);
+    for (request, code) in cases {
+        let err = node.client.node_stage_volume(request.clone()).await.unwrap_err();
+        assert_eq!(err.code(), code, "{:?}: {err:?}", request.volume_id);
+        assert!(!is_mounted(&node.staging));
+        assert_eq!(volume.signature(), "", "the device was touched");
+    }
+    let publish = NodePublishVolumeRequest {
+        volume_id: volume_id.into(),
+        target_path: path(&node.target),
+        volume_capability: Some(good.clone()),
+        ..Default::default()
+    };
+    assert_eq!(
+        node.client
+            .node_publish_volume(publish.clone())
+            .await
+            .unwrap_err()
+            .code(),
+        Code::InvalidArgument,
+        "staging path required"
+    );
+    let not_staged = NodePublishVolumeRequest {
+        staging_target_path: staging,
+        ..publish
+    };
+    assert_eq!(
+        node.client.node_publish_volume(not_staged).await.unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+    assert!(!node.target.exists() || !is_mounted(&node.target));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn identity_and_node_info() {
+    if !require_root() {
+        return;
+    }
+    let node = Node::start().await;
+    let channel = ebs_csi_tests::channel(&node.agent.socket).await;
+    let mut identity = identity_client::IdentityClient::new(channel);
+    let info = identity
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "ebs.csi.aws.com");
+    assert!(!info.vendor_version.is_empty());
+    assert_eq!(
+        identity.probe(ProbeRequest {}).await.unwrap().into_inner().ready,
+        Some(true)
+    );
+    let mut client = node.client.clone();
+    let info = client.node_get_info(NodeGetInfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.node_id, "i-0123456789abcdef0");
+    assert_eq!(info.max_volumes_per_node, 26);
+    let segments = info.accessible_topology.unwrap().segments;
+    assert_eq!(
+        segments.get("topology.ebs.csi.aws.com/zone").map(String::as_str),
+        Some("us-east-1a")
+    );
+    assert_eq!(
+        segments.get("topology.kubernetes.io/zone").map(String::as_str),
+        Some("us-east-1a")
+    );
+    let caps = client
+        .node_get_capabilities(NodeGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert_eq!(caps.len(), 4);
+}
