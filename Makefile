@@ -2,7 +2,7 @@
 # needs, idempotently, so a fresh Debian machine needs nothing but this.
 
 CARGO ?= cargo
-APT_PACKAGES := e2fsprogs xfsprogs util-linux fdisk mount
+APT_PACKAGES := e2fsprogs xfsprogs util-linux fdisk mount systemd
 # Dependencies build without debug info (see Cargo.toml); two jobs fit the
 # machine's memory while the AWS SDK compiles.
 export CARGO_BUILD_JOBS ?= 2

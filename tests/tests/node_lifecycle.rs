@@ -233,6 +233,18 @@ async fn raw_block_publish_exposes_the_device() {
     device.read_exact(&mut back).unwrap();
     assert_eq!(&back, b"raw bytes");
     drop(device);
+    let stats = node
+        .client
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: volume_id.into(),
+            volume_path: path(&node.target),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(u64::try_from(stats.usage[0].total).unwrap(), volume.size_bytes());
+    assert!(!stats.volume_condition.unwrap().abnormal);
     let mut backing = std::fs::File::open(&volume.file).unwrap();
     backing.read_exact(&mut back).unwrap();
     assert_eq!(&back, b"raw bytes", "the bytes reached the volume");
@@ -588,4 +600,61 @@ async fn identity_and_node_info() {
         .into_inner()
         .capabilities;
     assert_eq!(caps.len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stage_honours_format_options_and_refuses_another_device_at_the_path() {
+    if !require_root() {
+        return;
+    }
+    let mut node = Node::start().await;
+    let (first, second) = ("vol-0aaaaaaaaaaaaaac0", "vol-0aaaaaaaaaaaaaac1");
+    let volume = node.volume(first, 64);
+    let other = node.volume(second, 64);
+    let request = NodeStageVolumeRequest {
+        volume_id: first.into(),
+        staging_target_path: path(&node.staging),
+        volume_capability: Some(mount("ext4", Mode::SingleNodeWriter)),
+        volume_context: HashMap::from([("blockSize".into(), "1024".into()), ("inodeSize".into(), "512".into())]),
+        ..Default::default()
+    };
+    node.client.node_stage_volume(request).await.unwrap();
+    let superblock = ebs_csi_tests::loopdev::run("tune2fs", &["-l", &path(&volume.device)]);
+    assert!(
+        superblock
+            .lines()
+            .any(|l| l.starts_with("Block size:") && l.ends_with(" 1024")),
+        "{superblock}"
+    );
+    assert!(
+        superblock
+            .lines()
+            .any(|l| l.starts_with("Inode size:") && l.ends_with(" 512")),
+        "{superblock}"
+    );
+    let err = node
+        .stage(second, mount("ext4", Mode::SingleNodeWriter))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    assert_eq!(other.signature(), "", "the second device was not formatted");
+    node.unstage(first).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn probe_reports_not_ready_without_the_helper() {
+    if !require_root() {
+        return;
+    }
+    let node = Node::start().await;
+    let Node {
+        _helper: helper, agent, ..
+    } = node;
+    drop(helper);
+    let channel = ebs_csi_tests::channel(&agent.socket).await;
+    let mut identity = identity_client::IdentityClient::new(channel);
+    assert_eq!(
+        identity.probe(ProbeRequest {}).await.unwrap().into_inner().ready,
+        Some(false)
+    );
 }

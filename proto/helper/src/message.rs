@@ -213,3 +213,70 @@ pub enum Response {
     /// error says so.
     Err(HelperError),
 }
+
+#[cfg(test)]
+mod tests {
+    use ciborium::Value;
+
+    use super::*;
+    use crate::{FrameError, decode};
+
+    fn encode(value: &Value) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        ciborium::into_writer(value, &mut bytes).unwrap();
+        bytes
+    }
+
+    fn unstage_frame(extra: Option<(&str, &str)>) -> Value {
+        let mut fields = vec![(Value::from("staging_path"), Value::from("/var/lib/kubelet/x"))];
+        fields.extend(extra.map(|(k, v)| (Value::from(k), Value::from(v))));
+        Value::Map(vec![
+            (Value::from("version"), Value::from(PROTOCOL_VERSION)),
+            (
+                Value::from("request"),
+                Value::Map(vec![(Value::from("Unstage"), Value::Map(fields))]),
+            ),
+        ])
+    }
+
+    #[test]
+    fn decodes_a_well_formed_request() {
+        let frame: RequestFrame = decode(&encode(&unstage_frame(None))).unwrap();
+        assert_eq!(
+            frame.request,
+            Request::Unstage(UnstageRequest {
+                staging_path: "/var/lib/kubelet/x".into()
+            })
+        );
+    }
+
+    #[test]
+    fn refuses_unknown_fields_variants_and_bad_volume_ids() {
+        let unknown_field = unstage_frame(Some(("lazy", "true")));
+        let unknown_kind = Value::Map(vec![
+            (Value::from("version"), Value::from(PROTOCOL_VERSION)),
+            (Value::from("request"), Value::from("Format")),
+        ]);
+        let bad_volume = Value::Map(vec![
+            (Value::from("version"), Value::from(PROTOCOL_VERSION)),
+            (
+                Value::from("request"),
+                Value::Map(vec![(
+                    Value::from("Expand"),
+                    Value::Map(vec![
+                        (Value::from("volume_id"), Value::from("vol-../../etc")),
+                        (Value::from("device"), Value::from("/dev/nvme1n1")),
+                        (Value::from("volume_path"), Value::from("/var/lib/kubelet/x")),
+                    ]),
+                )]),
+            ),
+        ]);
+        for value in [unknown_field, unknown_kind, bad_volume] {
+            let result = decode::<RequestFrame>(&encode(&value));
+            assert!(
+                matches!(result, Err(FrameError::Decode(_))),
+                "{value:?} decoded: {result:?}"
+            );
+        }
+    }
+}
