@@ -2,12 +2,17 @@
 # needs, idempotently, so a fresh Debian machine needs nothing but this.
 
 CARGO ?= cargo
-APT_PACKAGES := e2fsprogs xfsprogs util-linux fdisk mount systemd
+APT_PACKAGES := e2fsprogs xfsprogs util-linux fdisk mount systemd python3-venv
 # Dependencies build without debug info (see Cargo.toml); two jobs fit the
 # machine's memory while the AWS SDK compiles.
 export CARGO_BUILD_JOBS ?= 2
 
-.PHONY: all build test deps lint fmt clean
+# moto server (PyPI), the EC2 API the controller tests run against, in a
+# git-ignored virtual environment.
+MOTO_SPEC := moto[ec2,server]>=5.1,<6
+VENV := .venv
+
+.PHONY: all build test deps moto lint fmt clean
 
 all: build
 
@@ -21,12 +26,20 @@ deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
+## moto: install moto into $(VENV) once (a stamp records the spec).
+moto: $(VENV)/.moto-installed
+
+$(VENV)/.moto-installed: | deps
+	@test -x $(VENV)/bin/python || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check '$(MOTO_SPEC)'
+	@echo '$(MOTO_SPEC)' > $@
+
 build:
 	$(CARGO) build --workspace --bins
 
 ## test: unit tests, then the root-only integration tests that start the
 ## real helper and agent over loop devices.
-test: deps
+test: deps moto
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 

@@ -3,7 +3,6 @@
 mod devices;
 mod discovery;
 mod error;
-mod guard;
 mod helper;
 mod identity;
 mod limits;

@@ -5,8 +5,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use ebs_csi_helper_proto::{
-    PublishRequest, PublishSource, Reply, Request as HelperRequest, StageRequest, UnpublishRequest, UnstageRequest,
+    ExpandRequest, PublishRequest, PublishSource, Reply, Request as HelperRequest, StageRequest, UnpublishRequest,
+    UnstageRequest, VolumeId,
 };
+use ebs_csi_proto::inflight::{InFlight, InFlightGuard};
 use ebs_csi_proto::v1::node_server::Node;
 use ebs_csi_proto::v1::node_service_capability::{self, rpc};
 use ebs_csi_proto::v1::{
@@ -21,7 +23,6 @@ use tonic::{Request, Response, Status};
 
 use crate::discovery::DeviceFinder;
 use crate::error::NodeError;
-use crate::guard::VolumeGuards;
 use crate::helper::Helper;
 use crate::metadata::NodeMetadata;
 use crate::request::{self, Access};
@@ -37,7 +38,7 @@ const DEVICE_PATH_KEY: &str = "devicePath";
 pub struct NodeService {
     helper: Helper,
     finder: DeviceFinder,
-    guards: VolumeGuards,
+    in_flight: InFlight,
     metadata: NodeMetadata,
     max_volumes: u32,
     device_wait: Duration,
@@ -57,11 +58,18 @@ impl NodeService {
         Self {
             helper,
             finder,
-            guards: VolumeGuards::default(),
+            in_flight: InFlight::default(),
             metadata,
             max_volumes,
             device_wait,
         }
+    }
+
+    /// The volume's in-flight guard; ABORTED while another call holds it.
+    fn guard(&self, volume_id: &VolumeId) -> Result<InFlightGuard, NodeError> {
+        self.in_flight
+            .acquire(volume_id.as_str())
+            .map_err(|e| NodeError::Aborted(e.0))
     }
 
     async fn stage(&self, r: NodeStageVolumeRequest) -> Result<NodeStageVolumeResponse, NodeError> {
@@ -72,7 +80,7 @@ impl NodeService {
             return Ok(NodeStageVolumeResponse {});
         };
         let format = request::format_options(&r.volume_context)?;
-        let _guard = self.guards.acquire(volume_id.as_str())?;
+        let _guard = self.guard(&volume_id)?;
         let device = self
             .finder
             .wait(&volume_id, device_path(&r.publish_context), self.device_wait)
@@ -94,7 +102,7 @@ impl NodeService {
     async fn unstage(&self, r: NodeUnstageVolumeRequest) -> Result<NodeUnstageVolumeResponse, NodeError> {
         let volume_id = request::volume_id(&r.volume_id)?;
         let staging_path = request::required_path("staging_target_path", &r.staging_target_path)?;
-        let _guard = self.guards.acquire(volume_id.as_str())?;
+        let _guard = self.guard(&volume_id)?;
         tracing::info!(%volume_id, staging_path, "unstaging");
         self.helper
             .call(HelperRequest::Unstage(UnstageRequest {
@@ -109,7 +117,7 @@ impl NodeService {
         let target_path = request::required_path("target_path", &r.target_path)?;
         let access = request::capability(r.volume_capability.as_ref())?;
         let staging_path = request::required_path("staging_target_path", &r.staging_target_path)?;
-        let _guard = self.guards.acquire(volume_id.as_str())?;
+        let _guard = self.guard(&volume_id)?;
         let source = match access {
             Access::Mount { mount_flags, .. } => PublishSource::Staging {
                 staging_path: staging_path.to_owned(),
@@ -140,7 +148,7 @@ impl NodeService {
     async fn unpublish(&self, r: NodeUnpublishVolumeRequest) -> Result<NodeUnpublishVolumeResponse, NodeError> {
         let volume_id = request::volume_id(&r.volume_id)?;
         let target_path = request::required_path("target_path", &r.target_path)?;
-        let _guard = self.guards.acquire(volume_id.as_str())?;
+        let _guard = self.guard(&volume_id)?;
         tracing::info!(%volume_id, target_path, "unpublishing");
         self.helper
             .call(HelperRequest::Unpublish(UnpublishRequest {
@@ -167,7 +175,7 @@ impl NodeService {
             .as_ref()
             .map(|c| request::capability(Some(c)))
             .transpose()?;
-        let _guard = self.guards.acquire(volume_id.as_str())?;
+        let _guard = self.guard(&volume_id)?;
         let device = self
             .finder
             .find(&volume_id, None)
@@ -183,7 +191,7 @@ impl NodeService {
         tracing::info!(%volume_id, volume_path, "expanding");
         let reply = self
             .helper
-            .call(HelperRequest::Expand(ebs_csi_helper_proto::ExpandRequest {
+            .call(HelperRequest::Expand(ExpandRequest {
                 volume_id,
                 device: device.to_string_lossy().into_owned(),
                 volume_path: volume_path.to_owned(),

@@ -100,35 +100,13 @@ pub fn capability(capability: Option<&VolumeCapability>) -> Result<Access, NodeE
 }
 
 /// Reads the formatting options from `volume_context` (keys as the Go
-/// driver's StorageClass parameters, case-insensitive: `blockSize`,
-/// `inodeSize`, `bytesPerInode`, `numberOfInodes`, `ext4BigAlloc`,
-/// `ext4ClusterSize`). Other keys are ignored: the context carries more.
+/// driver's StorageClass parameters, case-insensitive). Other keys are
+/// ignored: the context carries more.
 ///
 /// # Errors
 /// INVALID_ARGUMENT when a value is not a number (or `true`/`false`).
 pub fn format_options(context: &HashMap<String, String>) -> Result<FormatOptions, NodeError> {
-    let mut options = FormatOptions::default();
-    for (key, value) in context {
-        let number = || {
-            value
-                .parse::<u32>()
-                .map_err(|_| NodeError::InvalidArgument(format!("{key}={value:?} is not a number")))
-        };
-        match key.to_ascii_lowercase().as_str() {
-            "blocksize" => options.block_size = Some(number()?),
-            "inodesize" => options.inode_size = Some(number()?),
-            "bytesperinode" => options.bytes_per_inode = Some(number()?),
-            "numberofinodes" => options.number_of_inodes = Some(u64::from(number()?)),
-            "ext4clustersize" => options.ext4_cluster_size = Some(number()?),
-            "ext4bigalloc" => {
-                options.ext4_bigalloc = value
-                    .parse::<bool>()
-                    .map_err(|_| NodeError::InvalidArgument(format!("{key}={value:?} is not true or false")))?;
-            }
-            _ => {}
-        }
-    }
-    Ok(options)
+    FormatOptions::from_map(context).map_err(NodeError::InvalidArgument)
 }
 
 #[cfg(test)]
@@ -194,20 +172,7 @@ mod tests {
     }
 
     #[test]
-    fn reads_format_options_case_insensitively() {
-        let context: HashMap<String, String> = [
-            ("blockSize", "4096"),
-            ("INODESIZE", "512"),
-            ("ext4BigAlloc", "true"),
-            ("partition", "1"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-        let options = format_options(&context).unwrap();
-        assert_eq!(options.block_size, Some(4096));
-        assert_eq!(options.inode_size, Some(512));
-        assert!(options.ext4_bigalloc);
+    fn refuses_bad_ids_and_format_values() {
         let bad: HashMap<String, String> = [("blocksize".to_owned(), "4k".to_owned())].into();
         assert!(format_options(&bad).is_err());
         assert!(volume_id("").is_err() && volume_id("vol-xyz").is_err());

@@ -55,71 +55,8 @@ fn parse_blkid(export: &str) -> Contents {
     }
 }
 
-/// Checks `options` against `fs`: each value in the range its tool
-/// accepts, ext-only options refused for XFS, bigalloc options for ext4
-/// only.
-///
-/// # Errors
-/// [`HelperError::InvalidRequest`] naming the option.
-pub fn validate(fs: FsType, options: &FormatOptions) -> Result<(), HelperError> {
-    let ext = fs != FsType::Xfs;
-    let check = |name: &str, value: Option<u64>, range: std::ops::RangeInclusive<u64>, power_of_two: bool| match value {
-        Some(v) if !range.contains(&v) || (power_of_two && !v.is_power_of_two()) => Err(invalid(format!(
-            "{name}={v} is outside {}..={}{} for {}",
-            range.start(),
-            range.end(),
-            if power_of_two { " or not a power of two" } else { "" },
-            fs.name()
-        ))),
-        _ => Ok(()),
-    };
-    let block_min = if ext { 1024 } else { 512 };
-    let (inode_min, inode_max) = if ext { (128, 4096) } else { (256, 2048) };
-    check("blockSize", options.block_size.map(u64::from), block_min..=65536, true)?;
-    check(
-        "inodeSize",
-        options.inode_size.map(u64::from),
-        inode_min..=inode_max,
-        true,
-    )?;
-    check(
-        "bytesPerInode",
-        options.bytes_per_inode.map(u64::from),
-        1024..=67_108_864,
-        false,
-    )?;
-    check(
-        "numberOfInodes",
-        options.number_of_inodes,
-        1..=u64::from(u32::MAX),
-        false,
-    )?;
-    check(
-        "ext4ClusterSize",
-        options.ext4_cluster_size.map(u64::from),
-        2048..=268_435_456,
-        true,
-    )?;
-    let only = |name: &str, set: bool, allowed: bool| {
-        if set && !allowed {
-            Err(invalid(format!("{name} is not supported for {}", fs.name())))
-        } else {
-            Ok(())
-        }
-    };
-    only("bytesPerInode", options.bytes_per_inode.is_some(), ext)?;
-    only("numberOfInodes", options.number_of_inodes.is_some(), ext)?;
-    only("ext4BigAlloc", options.ext4_bigalloc, fs == FsType::Ext4)?;
-    only(
-        "ext4ClusterSize",
-        options.ext4_cluster_size.is_some(),
-        fs == FsType::Ext4 && options.ext4_bigalloc,
-    )?;
-    Ok(())
-}
-
 /// The tool and argv that create `fs` on `device` with `options`
-/// (already [`validate`]d).
+/// (already validated with [`FormatOptions::validate`]).
 pub fn mkfs_command(fs: FsType, options: &FormatOptions, device: &str) -> (Tool, Vec<String>) {
     let mut args: Vec<String> = Vec::new();
     let tool = match fs {
@@ -176,10 +113,6 @@ pub fn format(fs: FsType, options: &FormatOptions, device: &str) -> Result<(), H
     exec::run_checked(tool, &args).map(drop)
 }
 
-fn invalid(message: String) -> HelperError {
-    HelperError::InvalidRequest(message)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,7 +147,6 @@ mod tests {
             ext4_bigalloc: true,
             ext4_cluster_size: Some(65536),
         };
-        validate(FsType::Ext4, &options).unwrap();
         let (tool, args) = mkfs_command(FsType::Ext4, &options, "/dev/nvme1n1");
         assert_eq!(tool, Tool::MkfsExt4);
         assert_eq!(
@@ -229,73 +161,5 @@ mod tests {
         let (tool, args) = mkfs_command(FsType::Xfs, &xfs, "/dev/nvme1n1");
         assert_eq!(tool, Tool::MkfsXfs);
         assert_eq!(args.join(" "), "-q -K -b size=4096 -i size=512 -- /dev/nvme1n1");
-    }
-
-    #[test]
-    fn refuses_bad_options() {
-        let cases: [(FsType, FormatOptions); 8] = [
-            (
-                FsType::Ext4,
-                FormatOptions {
-                    block_size: Some(3000),
-                    ..Default::default()
-                },
-            ),
-            (
-                FsType::Ext4,
-                FormatOptions {
-                    block_size: Some(512),
-                    ..Default::default()
-                },
-            ),
-            (
-                FsType::Xfs,
-                FormatOptions {
-                    inode_size: Some(128),
-                    ..Default::default()
-                },
-            ),
-            (
-                FsType::Xfs,
-                FormatOptions {
-                    bytes_per_inode: Some(4096),
-                    ..Default::default()
-                },
-            ),
-            (
-                FsType::Xfs,
-                FormatOptions {
-                    number_of_inodes: Some(10),
-                    ..Default::default()
-                },
-            ),
-            (
-                FsType::Ext3,
-                FormatOptions {
-                    ext4_bigalloc: true,
-                    ..Default::default()
-                },
-            ),
-            (
-                FsType::Ext4,
-                FormatOptions {
-                    ext4_cluster_size: Some(65536),
-                    ..Default::default()
-                },
-            ),
-            (
-                FsType::Ext4,
-                FormatOptions {
-                    number_of_inodes: Some(0),
-                    ..Default::default()
-                },
-            ),
-        ];
-        for (fs, options) in cases {
-            assert!(
-                matches!(validate(fs, &options), Err(HelperError::InvalidRequest(_))),
-                "{fs:?} {options:?}"
-            );
-        }
     }
 }

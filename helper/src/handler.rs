@@ -54,7 +54,7 @@ impl Handler {
     /// device, accept an identical existing mount, probe, format only a
     /// blank device, mount.
     fn stage(&self, r: &StageRequest) -> Result<Reply, HelperError> {
-        format::validate(r.fs_type, &r.format)?;
+        r.format.validate(r.fs_type).map_err(HelperError::InvalidRequest)?;
         let options = options::parse(Some(r.fs_type), &r.mount_flags)?;
         let staging = self.roots.check(&r.staging_path)?;
         let (fd, node) = open_existing(&staging, FileType::Directory)?;

@@ -19,6 +19,7 @@ use ebs_csi_proto::v1::node_client::NodeClient;
 use tonic::transport::{Channel, Endpoint};
 
 pub mod loopdev;
+pub mod moto;
 
 pub use loopdev::LoopVolume;
 

@@ -1,10 +1,13 @@
-//! The CSI v1 wire protocol (spec v1.12) as tonic/prost types.
+//! The CSI v1 wire protocol (spec v1.12) as tonic/prost types, and what
+//! both CSI services (node agent, controller) share.
 //!
 //! `v1` holds every message plus the generated `identity_server`,
 //! `controller_server`, `node_server` and matching client modules.
 //! The `secrets` fields (marked `csi_secret` in the proto) are plain maps in
 //! the generated code, and prost's derived `Debug` prints them: never log a
 //! request with `{:?}`.
+
+pub mod inflight;
 
 /// Package `csi.v1`, generated at build time from `csi.proto`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

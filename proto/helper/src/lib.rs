@@ -12,15 +12,17 @@
 
 mod client;
 mod error;
+mod format_options;
 mod frame;
 mod message;
 mod volume_id;
 
 pub use client::{ClientError, HelperClient};
 pub use error::HelperError;
+pub use format_options::FormatOptions;
 pub use frame::{FrameError, MAX_FRAME_BYTES, decode, read_frame, read_payload, write_frame};
 pub use message::{
-    ExpandRequest, FormatOptions, FrameVersion, FsType, PROTOCOL_VERSION, PublishRequest, PublishSource, Reply,
-    Request, RequestFrame, Response, StageRequest, UnpublishRequest, UnstageRequest,
+    ExpandRequest, FrameVersion, FsType, PROTOCOL_VERSION, PublishRequest, PublishSource, Reply, Request, RequestFrame,
+    Response, StageRequest, UnpublishRequest, UnstageRequest,
 };
 pub use volume_id::{InvalidVolumeId, VolumeId};

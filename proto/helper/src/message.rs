@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{HelperError, VolumeId};
+use crate::{FormatOptions, HelperError, VolumeId};
 
 /// The protocol version this crate speaks. The helper answers a frame of
 /// any other version with [`HelperError::UnsupportedVersion`].
@@ -87,25 +87,6 @@ impl FsType {
             .into_iter()
             .find(|fs| fs.name() == name)
     }
-}
-
-/// Formatting options, named after the Go driver's StorageClass
-/// parameters. `None` leaves the tool's default.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FormatOptions {
-    /// `blockSize`: filesystem block size in bytes (ext: `-b`, xfs: `-b size=`).
-    pub block_size: Option<u32>,
-    /// `inodeSize`: inode size in bytes (ext: `-I`, xfs: `-i size=`).
-    pub inode_size: Option<u32>,
-    /// `bytesPerInode`: bytes of space per inode (ext only: `-i`).
-    pub bytes_per_inode: Option<u32>,
-    /// `numberOfInodes`: total inode count (ext only: `-N`).
-    pub number_of_inodes: Option<u64>,
-    /// `ext4BigAlloc`: enable the bigalloc feature (ext4 only: `-O bigalloc`).
-    pub ext4_bigalloc: bool,
-    /// `ext4ClusterSize`: cluster size in bytes with bigalloc (ext4 only: `-C`).
-    pub ext4_cluster_size: Option<u32>,
 }
 
 /// Stage: make `device` (which must be the EBS volume `volume_id`) a

@@ -1,0 +1,422 @@
+//! An in-memory EC2 for unit tests: the behaviours moto lacks (DESIGN.md
+//! §5) — state changes that take time, ClientToken semantics with
+//! `IdempotentParameterMismatch`, attachment limits, Multi-Attach rules,
+//! refused device names, the modification cooldown and throttling.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{
+    Attachment, AttachmentState, CreateVolumeInput, Ec2, Ec2Error, Instance, Modification, ModificationState,
+    ModifyVolumeInput, Selector, Snapshot, SnapshotState, Tags, Volume, VolumeState,
+};
+
+/// How the model behaves.
+#[derive(Clone, Debug)]
+pub struct Behaviour {
+    /// `creating` → `available` after this long.
+    pub create_delay: Duration,
+    /// New volumes end in `error` instead.
+    pub creations_fail: bool,
+    /// `attaching` → `attached` after this long; `None`: never.
+    pub attach_delay: Option<Duration>,
+    /// `detaching` → gone after this long.
+    pub detach_delay: Duration,
+    /// Attachments per instance, root volume included.
+    pub attachment_limit: usize,
+    /// Device names AttachVolume refuses.
+    pub refused_names: Vec<String>,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Self {
+            create_delay: Duration::from_millis(300),
+            creations_fail: false,
+            attach_delay: Some(Duration::from_millis(300)),
+            detach_delay: Duration::from_millis(300),
+            attachment_limit: 28,
+            refused_names: Vec::new(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    volumes: BTreeMap<String, (Volume, Instant)>,
+    attach_times: HashMap<(String, String), Instant>,
+    detach_times: HashMap<(String, String), Instant>,
+    tokens: HashMap<String, (CreateVolumeInput, String)>,
+    instances: HashMap<String, Instance>,
+    snapshots: BTreeMap<String, Snapshot>,
+    modifications: HashMap<String, Modification>,
+    calls: HashMap<&'static str, usize>,
+    throttled_calls: usize,
+    next_id: u64,
+}
+
+/// The model.
+pub struct Model {
+    behaviour: Behaviour,
+    state: Mutex<State>,
+}
+
+impl Model {
+    /// An empty region with `behaviour`.
+    pub fn new(behaviour: Behaviour) -> Self {
+        Self {
+            behaviour,
+            state: Mutex::default(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds an instance with only a root volume.
+    pub fn add_instance(&self, id: &str, zone: &str) {
+        let instance = Instance {
+            id: id.into(),
+            zone: zone.into(),
+            device_names: vec!["/dev/xvda".into()],
+        };
+        self.state().instances.insert(id.into(), instance);
+    }
+
+    /// Records a ClientToken as used by an earlier request with other
+    /// parameters (whose volume failed or was deleted).
+    pub fn burn_token(&self, token: &str) {
+        let input = CreateVolumeInput {
+            size_gib: -1,
+            ..CreateVolumeInput::default()
+        };
+        self.state().tokens.insert(token.into(), (input, "vol-gone".into()));
+    }
+
+    /// Makes the next `count` calls fail with `RequestLimitExceeded`.
+    pub fn throttle(&self, count: usize) {
+        self.state().throttled_calls = count;
+    }
+
+    /// How many calls of `api` were made.
+    pub fn calls(&self, api: &str) -> usize {
+        self.state().calls.get(api).copied().unwrap_or_default()
+    }
+
+    /// The volume as EC2 would describe it now.
+    pub fn volume(&self, id: &str) -> Option<Volume> {
+        let mut state = self.state();
+        self.advance(&mut state);
+        state.volumes.get(id).map(|(v, _)| v.clone())
+    }
+
+    /// Counts a call and applies throttling.
+    fn call(&self, api: &'static str) -> Result<std::sync::MutexGuard<'_, State>, Ec2Error> {
+        let mut state = self.state();
+        *state.calls.entry(api).or_default() += 1;
+        if state.throttled_calls > 0 {
+            state.throttled_calls -= 1;
+            return Err(Ec2Error::Throttled(format!("{api}: Request limit exceeded.")));
+        }
+        self.advance(&mut state);
+        Ok(state)
+    }
+
+    /// Moves every state change whose time has come.
+    fn advance(&self, state: &mut State) {
+        let now = Instant::now();
+        let State {
+            volumes,
+            attach_times,
+            detach_times,
+            ..
+        } = state;
+        for (volume, created) in volumes.values_mut() {
+            if volume.state == VolumeState::Creating && now >= *created + self.behaviour.create_delay {
+                volume.state = if self.behaviour.creations_fail {
+                    VolumeState::Error
+                } else {
+                    VolumeState::Available
+                };
+            }
+            for a in &mut volume.attachments {
+                let key = (volume.id.clone(), a.instance_id.clone());
+                let attached = self
+                    .behaviour
+                    .attach_delay
+                    .zip(attach_times.get(&key))
+                    .is_some_and(|(d, t)| now >= *t + d);
+                if a.state == AttachmentState::Attaching && attached {
+                    a.state = AttachmentState::Attached;
+                }
+                if a.state == AttachmentState::Detaching
+                    && detach_times
+                        .get(&key)
+                        .is_some_and(|t| now >= *t + self.behaviour.detach_delay)
+                {
+                    a.state = AttachmentState::Detached;
+                }
+            }
+            volume.attachments.retain(|a| a.state != AttachmentState::Detached);
+            if matches!(volume.state, VolumeState::InUse | VolumeState::Available) {
+                volume.state = if volume.attachments.is_empty() {
+                    VolumeState::Available
+                } else {
+                    VolumeState::InUse
+                };
+            }
+        }
+    }
+
+    fn missing(id: &str) -> Ec2Error {
+        Ec2Error::NotFound(format!("The resource '{id}' does not exist"))
+    }
+}
+
+fn matches(selector: &Selector, id: &str, tags: &Tags, volume_id: &str) -> bool {
+    match selector {
+        Selector::Ids(ids) => ids.iter().any(|i| i == id),
+        Selector::Tag(k, v) => tags.get(k) == Some(v),
+        Selector::TagKey(k) => tags.contains_key(k),
+        Selector::SourceVolume(v) => volume_id == v,
+    }
+}
+
+impl Ec2 for Model {
+    async fn create_volume(&self, input: CreateVolumeInput) -> Result<Volume, Ec2Error> {
+        let mut state = self.call("CreateVolume")?;
+        let request = CreateVolumeInput {
+            client_token: String::new(),
+            ..input.clone()
+        };
+        if let Some((earlier, id)) = state.tokens.get(&input.client_token) {
+            if *earlier != request {
+                return Err(Ec2Error::IdempotentParameterMismatch(
+                    "ClientToken reused with other parameters".into(),
+                ));
+            }
+            let id = id.clone();
+            return state
+                .volumes
+                .get(&id)
+                .map(|(v, _)| v.clone())
+                .ok_or_else(|| Self::missing(&id));
+        }
+        state.next_id += 1;
+        let id = format!("vol-{:017x}", state.next_id);
+        let volume = Volume {
+            id: id.clone(),
+            size_gib: input.size_gib,
+            state: VolumeState::Creating,
+            zone: input.zone,
+            volume_type: input.volume_type,
+            iops: input.iops,
+            throughput: input.throughput,
+            encrypted: input.encrypted,
+            kms_key_id: input.kms_key_id,
+            snapshot_id: input.snapshot_id,
+            multi_attach: input.multi_attach,
+            tags: input.tags,
+            attachments: Vec::new(),
+        };
+        state.tokens.insert(input.client_token, (request, id.clone()));
+        state.volumes.insert(id, (volume.clone(), Instant::now()));
+        Ok(volume)
+    }
+
+    async fn delete_volume(&self, volume_id: &str) -> Result<(), Ec2Error> {
+        let mut state = self.call("DeleteVolume")?;
+        match state.volumes.get(volume_id) {
+            None => Err(Self::missing(volume_id)),
+            Some((v, _)) if !v.attachments.is_empty() => {
+                Err(Ec2Error::IncorrectState(format!("Volume {volume_id} is in use")))
+            }
+            Some(_) => {
+                state.volumes.remove(volume_id);
+                Ok(())
+            }
+        }
+    }
+
+    async fn describe_volumes(&self, selector: Selector) -> Result<Vec<Volume>, Ec2Error> {
+        let state = self.call("DescribeVolumes")?;
+        Ok(state
+            .volumes
+            .values()
+            .map(|(v, _)| v)
+            .filter(|v| matches(&selector, &v.id, &v.tags, &v.id))
+            .cloned()
+            .collect())
+    }
+
+    async fn attach_volume(&self, volume_id: &str, instance_id: &str, device: &str) -> Result<(), Ec2Error> {
+        let mut state = self.call("AttachVolume")?;
+        if self.behaviour.refused_names.iter().any(|n| n == device) {
+            return Err(Ec2Error::DeviceNameRefused(format!(
+                "Invalid value '{device}' for unixDevice. Attachment point {device} is already in use"
+            )));
+        }
+        let attached_to_instance = state
+            .volumes
+            .values()
+            .filter(|(v, _)| v.attachments.iter().any(|a| a.instance_id == instance_id))
+            .count();
+        let instance = state
+            .instances
+            .get(instance_id)
+            .cloned()
+            .ok_or_else(|| Self::missing(instance_id))?;
+        if attached_to_instance + instance.device_names.len() >= self.behaviour.attachment_limit {
+            return Err(Ec2Error::AttachmentLimitExceeded(format!(
+                "instance {instance_id} has no attachment slot left"
+            )));
+        }
+        let (volume, _) = state
+            .volumes
+            .get_mut(volume_id)
+            .ok_or_else(|| Self::missing(volume_id))?;
+        if volume.zone != instance.zone {
+            return Err(Ec2Error::IncorrectState("InvalidVolume.ZoneMismatch".into()));
+        }
+        if volume.state == VolumeState::Creating || (!volume.attachments.is_empty() && !volume.multi_attach) {
+            return Err(Ec2Error::IncorrectState(format!("vol {volume_id} is not available")));
+        }
+        volume.attachments.push(Attachment {
+            instance_id: instance_id.into(),
+            device: device.into(),
+            state: AttachmentState::Attaching,
+        });
+        volume.state = VolumeState::InUse;
+        state
+            .attach_times
+            .insert((volume_id.into(), instance_id.into()), Instant::now());
+        Ok(())
+    }
+
+    async fn detach_volume(&self, volume_id: &str, instance_id: &str) -> Result<(), Ec2Error> {
+        let mut state = self.call("DetachVolume")?;
+        let (volume, _) = state
+            .volumes
+            .get_mut(volume_id)
+            .ok_or_else(|| Self::missing(volume_id))?;
+        let attachment = volume
+            .attachments
+            .iter_mut()
+            .find(|a| a.instance_id == instance_id)
+            .ok_or_else(|| Self::missing(volume_id))?;
+        attachment.state = AttachmentState::Detaching;
+        state
+            .detach_times
+            .insert((volume_id.into(), instance_id.into()), Instant::now());
+        Ok(())
+    }
+
+    async fn describe_instances(&self, ids: Vec<String>) -> Result<Vec<Instance>, Ec2Error> {
+        let state = self.call("DescribeInstances")?;
+        Ok(ids.iter().filter_map(|id| state.instances.get(id).cloned()).collect())
+    }
+
+    async fn create_snapshot(&self, volume_id: &str, tags: Tags) -> Result<Snapshot, Ec2Error> {
+        let mut state = self.call("CreateSnapshot")?;
+        let size_gib = state
+            .volumes
+            .get(volume_id)
+            .map(|(v, _)| v.size_gib)
+            .ok_or_else(|| Self::missing(volume_id))?;
+        state.next_id += 1;
+        let snapshot = Snapshot {
+            id: format!("snap-{:017x}", state.next_id),
+            volume_id: volume_id.into(),
+            size_gib,
+            state: SnapshotState::Pending,
+            start_time_seconds: 0,
+            tags,
+        };
+        state.snapshots.insert(snapshot.id.clone(), snapshot.clone());
+        Ok(snapshot)
+    }
+
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), Ec2Error> {
+        let mut state = self.call("DeleteSnapshot")?;
+        state
+            .snapshots
+            .remove(snapshot_id)
+            .map(drop)
+            .ok_or_else(|| Self::missing(snapshot_id))
+    }
+
+    async fn describe_snapshots(&self, selector: Selector) -> Result<Vec<Snapshot>, Ec2Error> {
+        let state = self.call("DescribeSnapshots")?;
+        Ok(state
+            .snapshots
+            .values()
+            .filter(|s| matches(&selector, &s.id, &s.tags, &s.volume_id))
+            .cloned()
+            .collect())
+    }
+
+    async fn modify_volume(&self, volume_id: &str, input: ModifyVolumeInput) -> Result<(), Ec2Error> {
+        let mut state = self.call("ModifyVolume")?;
+        if state.modifications.contains_key(volume_id) {
+            return Err(Ec2Error::IncorrectState(format!(
+                "VolumeModificationRateExceeded: volume {volume_id} was modified in the last 6 hours"
+            )));
+        }
+        let (volume, _) = state
+            .volumes
+            .get_mut(volume_id)
+            .ok_or_else(|| Self::missing(volume_id))?;
+        volume.size_gib = input.size_gib.unwrap_or(volume.size_gib);
+        volume.volume_type = input.volume_type.unwrap_or_else(|| volume.volume_type.clone());
+        volume.iops = input.iops.or(volume.iops);
+        volume.throughput = input.throughput.or(volume.throughput);
+        let modification = Modification {
+            volume_id: volume_id.into(),
+            state: ModificationState::Optimizing,
+            target_size_gib: Some(volume.size_gib),
+        };
+        state.modifications.insert(volume_id.into(), modification);
+        Ok(())
+    }
+
+    async fn describe_volumes_modifications(&self, ids: Vec<String>) -> Result<Vec<Modification>, Ec2Error> {
+        let state = self.call("DescribeVolumesModifications")?;
+        Ok(ids
+            .iter()
+            .filter_map(|id| state.modifications.get(id).cloned())
+            .collect())
+    }
+
+    async fn create_tags(&self, resource_id: &str, tags: Tags) -> Result<(), Ec2Error> {
+        let mut state = self.call("CreateTags")?;
+        let (volume, _) = state
+            .volumes
+            .get_mut(resource_id)
+            .ok_or_else(|| Self::missing(resource_id))?;
+        volume.tags.extend(tags);
+        Ok(())
+    }
+
+    async fn delete_tags(&self, resource_id: &str, keys: Vec<String>) -> Result<(), Ec2Error> {
+        let mut state = self.call("DeleteTags")?;
+        let (volume, _) = state
+            .volumes
+            .get_mut(resource_id)
+            .ok_or_else(|| Self::missing(resource_id))?;
+        volume.tags.retain(|k, _| !keys.contains(k));
+        Ok(())
+    }
+
+    async fn describe_availability_zones(&self) -> Result<Vec<String>, Ec2Error> {
+        drop(self.call("DescribeAvailabilityZones")?);
+        Ok(vec!["us-east-1a".into(), "us-east-1b".into(), "us-east-1c".into()])
+    }
+
+    async fn dry_run(&self) -> Result<(), Ec2Error> {
+        self.call("DryRun").map(drop)
+    }
+}

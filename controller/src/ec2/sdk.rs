@@ -1,0 +1,494 @@
+//! [`Ec2`] over aws-sdk-ec2.
+//!
+//! Endpoint, region and credentials come from the SDK's standard settings
+//! (`AWS_ENDPOINT_URL_EC2`, `AWS_REGION`, the default credential chain with
+//! web identity and IMDS), so tests against moto need no special path.
+//! Retries are the SDK's adaptive mode; each mutating API gets its own
+//! retry partition (token bucket), so throttling of one does not starve
+//! the others.
+
+use std::collections::HashMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use aws_sdk_ec2::Client;
+use aws_sdk_ec2::config::retry::{RetryConfig, RetryPartition};
+use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_ec2::types::{self as sdk, Filter, ResourceType, Tag, TagSpecification};
+
+use super::{
+    Attachment, AttachmentState, CreateVolumeInput, Ec2, Ec2Error, Instance, Modification, ModificationState,
+    ModifyVolumeInput, Selector, Snapshot, SnapshotState, Tags, Volume, VolumeState,
+};
+use crate::metrics::ApiMetrics;
+
+/// The mutating APIs that get a retry partition of their own.
+const MUTATING: [&str; 9] = [
+    "CreateVolume",
+    "DeleteVolume",
+    "AttachVolume",
+    "DetachVolume",
+    "ModifyVolume",
+    "CreateSnapshot",
+    "DeleteSnapshot",
+    "CreateTags",
+    "DeleteTags",
+];
+
+/// The EC2 client of the controller.
+#[derive(Clone, Debug)]
+pub struct SdkEc2 {
+    describe: Client,
+    mutating: HashMap<&'static str, Client>,
+    metrics: ApiMetrics,
+}
+
+impl SdkEc2 {
+    /// Builds clients from the shared SDK configuration.
+    pub fn new(config: &aws_config::SdkConfig, metrics: ApiMetrics) -> Self {
+        let client = |partition: &str| {
+            let conf = aws_sdk_ec2::config::Builder::from(config)
+                .retry_config(RetryConfig::adaptive())
+                .retry_partition(RetryPartition::new(format!("ebs-csi-{partition}")))
+                .build();
+            Client::from_conf(conf)
+        };
+        Self {
+            describe: client("describe"),
+            mutating: MUTATING.iter().map(|api| (*api, client(api))).collect(),
+            metrics,
+        }
+    }
+
+    fn client(&self, api: &'static str) -> &Client {
+        self.mutating.get(api).unwrap_or(&self.describe)
+    }
+}
+
+fn tag_specification(resource: ResourceType, tags: &Tags) -> TagSpecification {
+    TagSpecification::builder()
+        .resource_type(resource)
+        .set_tags(Some(to_sdk_tags(tags)))
+        .build()
+}
+
+fn to_sdk_tags(tags: &Tags) -> Vec<Tag> {
+    tags.iter()
+        .map(|(k, v)| Tag::builder().key(k).value(v).build())
+        .collect()
+}
+
+fn from_sdk_tags(tags: &[Tag]) -> Tags {
+    tags.iter()
+        .filter_map(|t| Some((t.key()?.to_owned(), t.value().unwrap_or_default().to_owned())))
+        .collect()
+}
+
+fn filter(name: &str, values: Vec<String>) -> Filter {
+    Filter::builder().name(name).set_values(Some(values)).build()
+}
+
+fn selector_filter(selector: Selector, id_filter: &str) -> Filter {
+    match selector {
+        Selector::Ids(ids) => filter(id_filter, ids),
+        Selector::Tag(key, value) => filter(&format!("tag:{key}"), vec![value]),
+        Selector::TagKey(key) => filter("tag-key", vec![key]),
+        Selector::SourceVolume(id) => filter("volume-id", vec![id]),
+    }
+}
+
+/// Maps an SDK error to [`Ec2Error`] by EC2 error code (EC2 API
+/// reference, "Error codes").
+fn classify<E, R>(error: SdkError<E, R>) -> Ec2Error
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    if matches!(
+        error,
+        SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_)
+    ) {
+        return Ec2Error::Transport(aws_sdk_ec2::error::DisplayErrorContext(&error).to_string());
+    }
+    let code = error.code().unwrap_or_default().to_owned();
+    let message = error.message().unwrap_or_default().to_owned();
+    match code.as_str() {
+        c if c.ends_with(".NotFound") || c.ends_with(".Malformed") => Ec2Error::NotFound(message),
+        "IdempotentParameterMismatch" => Ec2Error::IdempotentParameterMismatch(message),
+        "IncorrectState"
+        | "IncorrectInstanceState"
+        | "VolumeInUse"
+        | "InvalidVolume.ZoneMismatch"
+        | "VolumeModificationRateExceeded" => Ec2Error::IncorrectState(message),
+        "AttachmentLimitExceeded" => Ec2Error::AttachmentLimitExceeded(message),
+        "RequestLimitExceeded" | "Throttling" | "ThrottlingException" => Ec2Error::Throttled(message),
+        "InvalidParameterValue" if message.contains("unixDevice") || message.contains("already in use") => {
+            Ec2Error::DeviceNameRefused(message)
+        }
+        c if c.starts_with("InvalidParameter") => Ec2Error::InvalidParameter(message),
+        "" => Ec2Error::Transport(aws_sdk_ec2::error::DisplayErrorContext(&error).to_string()),
+        _ => Ec2Error::Service { code, message },
+    }
+}
+
+fn volume(v: &sdk::Volume) -> Volume {
+    Volume {
+        id: v.volume_id().unwrap_or_default().to_owned(),
+        size_gib: v.size().unwrap_or_default(),
+        state: match v.state() {
+            Some(sdk::VolumeState::Creating) => VolumeState::Creating,
+            Some(sdk::VolumeState::Available) => VolumeState::Available,
+            Some(sdk::VolumeState::InUse) => VolumeState::InUse,
+            Some(sdk::VolumeState::Deleting) => VolumeState::Deleting,
+            Some(sdk::VolumeState::Deleted) => VolumeState::Deleted,
+            _ => VolumeState::Error,
+        },
+        zone: v.availability_zone().unwrap_or_default().to_owned(),
+        volume_type: v.volume_type().map(|t| t.as_str().to_owned()).unwrap_or_default(),
+        iops: v.iops(),
+        throughput: v.throughput(),
+        encrypted: v.encrypted().unwrap_or_default(),
+        kms_key_id: v.kms_key_id().map(str::to_owned),
+        snapshot_id: v.snapshot_id().filter(|s| !s.is_empty()).map(str::to_owned),
+        multi_attach: v.multi_attach_enabled().unwrap_or_default(),
+        tags: from_sdk_tags(v.tags()),
+        attachments: v
+            .attachments()
+            .iter()
+            .map(|a| Attachment {
+                instance_id: a.instance_id().unwrap_or_default().to_owned(),
+                device: a.device().unwrap_or_default().to_owned(),
+                state: match a.state() {
+                    Some(sdk::VolumeAttachmentState::Attaching) => AttachmentState::Attaching,
+                    Some(sdk::VolumeAttachmentState::Attached) => AttachmentState::Attached,
+                    Some(sdk::VolumeAttachmentState::Detaching) => AttachmentState::Detaching,
+                    Some(sdk::VolumeAttachmentState::Busy) => AttachmentState::Busy,
+                    _ => AttachmentState::Detached,
+                },
+            })
+            .collect(),
+    }
+}
+
+fn snapshot(s: &sdk::Snapshot) -> Snapshot {
+    Snapshot {
+        id: s.snapshot_id().unwrap_or_default().to_owned(),
+        volume_id: s.volume_id().unwrap_or_default().to_owned(),
+        size_gib: s.volume_size().unwrap_or_default(),
+        state: match s.state() {
+            Some(sdk::SnapshotState::Completed) => SnapshotState::Completed,
+            Some(sdk::SnapshotState::Error | sdk::SnapshotState::Recoverable) => SnapshotState::Error,
+            _ => SnapshotState::Pending,
+        },
+        start_time_seconds: s.start_time().map_or_else(now_seconds, |t| t.secs()),
+        tags: from_sdk_tags(s.tags()),
+    }
+}
+
+fn now_seconds() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+impl Ec2 for SdkEc2 {
+    async fn create_volume(&self, input: CreateVolumeInput) -> Result<Volume, Ec2Error> {
+        self.metrics
+            .observe("CreateVolume", async {
+                let out = self
+                    .client("CreateVolume")
+                    .create_volume()
+                    .availability_zone(input.zone)
+                    .size(input.size_gib)
+                    .volume_type(sdk::VolumeType::from(input.volume_type.as_str()))
+                    .set_iops(input.iops)
+                    .set_throughput(input.throughput)
+                    .encrypted(input.encrypted)
+                    .set_kms_key_id(input.kms_key_id)
+                    .set_snapshot_id(input.snapshot_id)
+                    .set_multi_attach_enabled(input.multi_attach.then_some(true))
+                    .client_token(input.client_token)
+                    .tag_specifications(tag_specification(ResourceType::Volume, &input.tags))
+                    .send()
+                    .await
+                    .map_err(classify)?;
+                let v = sdk::Volume::builder()
+                    .set_volume_id(out.volume_id)
+                    .set_size(out.size)
+                    .set_state(out.state)
+                    .set_availability_zone(out.availability_zone)
+                    .set_volume_type(out.volume_type)
+                    .set_iops(out.iops)
+                    .set_throughput(out.throughput)
+                    .set_encrypted(out.encrypted)
+                    .set_kms_key_id(out.kms_key_id)
+                    .set_snapshot_id(out.snapshot_id)
+                    .set_multi_attach_enabled(out.multi_attach_enabled)
+                    .set_tags(out.tags)
+                    .build();
+                Ok(volume(&v))
+            })
+            .await
+    }
+
+    async fn delete_volume(&self, volume_id: &str) -> Result<(), Ec2Error> {
+        self.metrics
+            .observe("DeleteVolume", async {
+                self.client("DeleteVolume")
+                    .delete_volume()
+                    .volume_id(volume_id)
+                    .send()
+                    .await
+                    .map_err(classify)
+                    .map(drop)
+            })
+            .await
+    }
+
+    async fn describe_volumes(&self, selector: Selector) -> Result<Vec<Volume>, Ec2Error> {
+        self.metrics
+            .observe("DescribeVolumes", async {
+                let mut pages = self
+                    .describe
+                    .describe_volumes()
+                    .filters(selector_filter(selector, "volume-id"))
+                    .into_paginator()
+                    .send();
+                let mut volumes = Vec::new();
+                while let Some(page) = pages.next().await {
+                    volumes.extend(page.map_err(classify)?.volumes().iter().map(volume));
+                }
+                Ok(volumes)
+            })
+            .await
+    }
+
+    async fn attach_volume(&self, volume_id: &str, instance_id: &str, device: &str) -> Result<(), Ec2Error> {
+        self.metrics
+            .observe("AttachVolume", async {
+                self.client("AttachVolume")
+                    .attach_volume()
+                    .volume_id(volume_id)
+                    .instance_id(instance_id)
+                    .device(device)
+                    .send()
+                    .await
+                    .map_err(classify)
+                    .map(drop)
+            })
+            .await
+    }
+
+    async fn detach_volume(&self, volume_id: &str, instance_id: &str) -> Result<(), Ec2Error> {
+        self.metrics
+            .observe("DetachVolume", async {
+                self.client("DetachVolume")
+                    .detach_volume()
+                    .volume_id(volume_id)
+                    .instance_id(instance_id)
+                    .send()
+                    .await
+                    .map_err(classify)
+                    .map(drop)
+            })
+            .await
+    }
+
+    async fn describe_instances(&self, ids: Vec<String>) -> Result<Vec<Instance>, Ec2Error> {
+        self.metrics
+            .observe("DescribeInstances", async {
+                let mut pages = self
+                    .describe
+                    .describe_instances()
+                    .filters(filter("instance-id", ids))
+                    .into_paginator()
+                    .send();
+                let mut instances = Vec::new();
+                while let Some(page) = pages.next().await {
+                    for reservation in page.map_err(classify)?.reservations() {
+                        instances.extend(reservation.instances().iter().map(|i| {
+                            Instance {
+                                id: i.instance_id().unwrap_or_default().to_owned(),
+                                zone: i
+                                    .placement()
+                                    .and_then(|p| p.availability_zone())
+                                    .unwrap_or_default()
+                                    .to_owned(),
+                                device_names: i
+                                    .block_device_mappings()
+                                    .iter()
+                                    .filter_map(|m| m.device_name().map(str::to_owned))
+                                    .collect(),
+                            }
+                        }));
+                    }
+                }
+                Ok(instances)
+            })
+            .await
+    }
+
+    async fn create_snapshot(&self, volume_id: &str, tags: Tags) -> Result<Snapshot, Ec2Error> {
+        self.metrics
+            .observe("CreateSnapshot", async {
+                let out = self
+                    .client("CreateSnapshot")
+                    .create_snapshot()
+                    .volume_id(volume_id)
+                    .tag_specifications(tag_specification(ResourceType::Snapshot, &tags))
+                    .send()
+                    .await
+                    .map_err(classify)?;
+                let s = sdk::Snapshot::builder()
+                    .set_snapshot_id(out.snapshot_id)
+                    .set_volume_id(out.volume_id)
+                    .set_volume_size(out.volume_size)
+                    .set_state(out.state)
+                    .set_start_time(out.start_time)
+                    .set_tags(out.tags)
+                    .build();
+                Ok(snapshot(&s))
+            })
+            .await
+    }
+
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), Ec2Error> {
+        self.metrics
+            .observe("DeleteSnapshot", async {
+                self.client("DeleteSnapshot")
+                    .delete_snapshot()
+                    .snapshot_id(snapshot_id)
+                    .send()
+                    .await
+                    .map_err(classify)
+                    .map(drop)
+            })
+            .await
+    }
+
+    async fn describe_snapshots(&self, selector: Selector) -> Result<Vec<Snapshot>, Ec2Error> {
+        self.metrics
+            .observe("DescribeSnapshots", async {
+                let mut pages = self
+                    .describe
+                    .describe_snapshots()
+                    .owner_ids("self")
+                    .filters(selector_filter(selector, "snapshot-id"))
+                    .into_paginator()
+                    .send();
+                let mut snapshots = Vec::new();
+                while let Some(page) = pages.next().await {
+                    snapshots.extend(page.map_err(classify)?.snapshots().iter().map(snapshot));
+                }
+                Ok(snapshots)
+            })
+            .await
+    }
+
+    async fn modify_volume(&self, volume_id: &str, input: ModifyVolumeInput) -> Result<(), Ec2Error> {
+        self.metrics
+            .observe("ModifyVolume", async {
+                self.client("ModifyVolume")
+                    .modify_volume()
+                    .volume_id(volume_id)
+                    .set_size(input.size_gib)
+                    .set_volume_type(input.volume_type.as_deref().map(sdk::VolumeType::from))
+                    .set_iops(input.iops)
+                    .set_throughput(input.throughput)
+                    .send()
+                    .await
+                    .map_err(classify)
+                    .map(drop)
+            })
+            .await
+    }
+
+    async fn describe_volumes_modifications(&self, ids: Vec<String>) -> Result<Vec<Modification>, Ec2Error> {
+        self.metrics
+            .observe("DescribeVolumesModifications", async {
+                let out = self
+                    .describe
+                    .describe_volumes_modifications()
+                    .filters(filter("volume-id", ids))
+                    .send()
+                    .await
+                    .map_err(classify)?;
+                Ok(out
+                    .volumes_modifications()
+                    .iter()
+                    .map(|m| Modification {
+                        volume_id: m.volume_id().unwrap_or_default().to_owned(),
+                        state: match m.modification_state() {
+                            Some(sdk::VolumeModificationState::Optimizing) => ModificationState::Optimizing,
+                            Some(sdk::VolumeModificationState::Completed) => ModificationState::Completed,
+                            Some(sdk::VolumeModificationState::Failed) => ModificationState::Failed,
+                            _ => ModificationState::Modifying,
+                        },
+                        target_size_gib: m.target_size(),
+                    })
+                    .collect())
+            })
+            .await
+    }
+
+    async fn create_tags(&self, resource_id: &str, tags: Tags) -> Result<(), Ec2Error> {
+        self.metrics
+            .observe("CreateTags", async {
+                self.client("CreateTags")
+                    .create_tags()
+                    .resources(resource_id)
+                    .set_tags(Some(to_sdk_tags(&tags)))
+                    .send()
+                    .await
+                    .map_err(classify)
+                    .map(drop)
+            })
+            .await
+    }
+
+    async fn delete_tags(&self, resource_id: &str, keys: Vec<String>) -> Result<(), Ec2Error> {
+        self.metrics
+            .observe("DeleteTags", async {
+                let tags = keys.into_iter().map(|k| Tag::builder().key(k).build()).collect();
+                self.client("DeleteTags")
+                    .delete_tags()
+                    .resources(resource_id)
+                    .set_tags(Some(tags))
+                    .send()
+                    .await
+                    .map_err(classify)
+                    .map(drop)
+            })
+            .await
+    }
+
+    async fn describe_availability_zones(&self) -> Result<Vec<String>, Ec2Error> {
+        self.metrics
+            .observe("DescribeAvailabilityZones", async {
+                let out = self
+                    .describe
+                    .describe_availability_zones()
+                    .filters(filter("state", vec!["available".into()]))
+                    .send()
+                    .await
+                    .map_err(classify)?;
+                Ok(out
+                    .availability_zones()
+                    .iter()
+                    .filter_map(|z| z.zone_name().map(str::to_owned))
+                    .collect())
+            })
+            .await
+    }
+
+    async fn dry_run(&self) -> Result<(), Ec2Error> {
+        self.metrics
+            .observe("DescribeAvailabilityZones", async {
+                match self.describe.describe_availability_zones().dry_run(true).send().await {
+                    Ok(_) => Ok(()),
+                    Err(e) if e.code() == Some("DryRunOperation") => Ok(()),
+                    Err(e) => Err(classify(e)),
+                }
+            })
+            .await
+    }
+}

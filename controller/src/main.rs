@@ -1,0 +1,147 @@
+//! `ebs-csi-controller`: the CSI Controller service of ebs-csi, the only
+//! component that holds AWS credentials and calls EC2.
+
+mod devices;
+mod ec2;
+mod error;
+mod metrics;
+mod parameters;
+mod service;
+mod tags;
+mod volume_type;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use ebs_csi_proto::v1::controller_server::ControllerServer;
+use ebs_csi_proto::v1::identity_server::IdentityServer;
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::ec2::batch::BatchConfig;
+use crate::ec2::sdk::SdkEc2;
+use crate::metrics::ApiMetrics;
+use crate::service::{ControllerService, IdentityService, Settings};
+
+/// The CSI Controller service for Amazon EBS (flag names follow the Go
+/// driver's where they exist).
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// CSI endpoint to serve.
+    #[arg(
+        long,
+        default_value = "unix:///var/lib/csi/sockets/pluginproxy/csi.sock",
+        env = "CSI_ENDPOINT"
+    )]
+    endpoint: String,
+    /// AWS region (default: AWS_REGION, the profile, or IMDS).
+    #[arg(long)]
+    region: Option<String>,
+    /// Tags added to every volume and snapshot: key=value,key2=value2.
+    #[arg(long, default_value = "")]
+    extra_tags: String,
+    /// Cluster id: tags resources kubernetes.io/cluster/<id>=owned.
+    #[arg(long)]
+    k8s_tag_cluster_id: Option<String>,
+    /// Merge concurrent Describe calls into one call per 500 ms window.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    batching: bool,
+    /// How long modification requests for one volume are collected into one
+    /// ModifyVolume, e.g. 2s or 500ms.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    modify_volume_request_handler_timeout: Duration,
+    /// Appended to the SDK's user agent.
+    #[arg(long)]
+    user_agent_extra: Option<String>,
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:3301).
+    #[arg(long)]
+    http_endpoint: Option<SocketAddr>,
+}
+
+/// Parses `2s`, `500ms` or a number of seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let invalid = || format!("{text:?} is not a duration such as 2s or 500ms");
+    if let Some(ms) = text.strip_suffix("ms") {
+        return ms.parse().map(Duration::from_millis).map_err(|_| invalid());
+    }
+    text.strip_suffix('s')
+        .unwrap_or(text)
+        .parse::<f64>()
+        .ok()
+        .filter(|s| *s >= 0.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(invalid)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let socket = socket_path(&args.endpoint)?;
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    if let Some(region) = args.region {
+        loader = loader.region(aws_config::Region::new(region));
+    }
+    if let Some(extra) = args.user_agent_extra {
+        loader = loader.app_name(aws_config::AppName::new(extra).context("--user-agent-extra")?);
+    }
+    let config = loader.load().await;
+    let metrics = ApiMetrics::new().context("metrics")?;
+    if let Some(address) = args.http_endpoint {
+        tokio::spawn(metrics.clone().serve(address));
+    }
+    let ec2 = Arc::new(SdkEc2::new(&config, metrics));
+    let settings = Settings {
+        cluster_id: args.k8s_tag_cluster_id,
+        extra_tags: tags::parse_extra(&args.extra_tags)
+            .map_err(anyhow::Error::msg)
+            .context("--extra-tags")?,
+        batch: BatchConfig {
+            enabled: args.batching,
+            ..BatchConfig::default()
+        },
+        modify_window: args.modify_volume_request_handler_timeout,
+        ..Settings::default()
+    };
+    match std::fs::remove_file(&socket) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e).context("removing the stale socket"),
+        _ => {}
+    }
+    let listener = UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
+    tracing::info!(socket = %socket.display(), region = ?config.region(), "serving CSI Identity and Controller");
+    tonic::transport::Server::builder()
+        .add_service(IdentityServer::new(IdentityService::new(Arc::clone(&ec2))))
+        .add_service(ControllerServer::new(ControllerService::new(ec2, settings)))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown_signal())
+        .await?;
+    Ok(())
+}
+
+fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
+    endpoint
+        .strip_prefix("unix://")
+        .or_else(|| endpoint.strip_prefix("unix:"))
+        .filter(|p| p.starts_with('/'))
+        .map(PathBuf::from)
+        .with_context(|| format!("endpoint {endpoint:?} is not unix:///absolute/path"))
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,269 @@
+//! StorageClass parameters of CreateVolume and VolumeAttributesClass
+//! parameters of ControllerModifyVolume, with the Go driver's names. Keys
+//! are case-insensitive; an unknown key is refused.
+
+use std::collections::HashMap;
+
+use ebs_csi_helper_proto::{FormatOptions, FsType};
+
+use crate::ec2::Tags;
+use crate::error::ControllerError;
+use crate::tags;
+
+/// The fstype key the external-provisioner passes through.
+const FS_TYPE: &str = "csi.storage.k8s.io/fstype";
+/// Keys the external-provisioner adds with `--extra-create-metadata`.
+const PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
+const PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
+const PV_NAME: &str = "csi.storage.k8s.io/pv/name";
+/// Keys the external-snapshotter adds with `--extra-create-metadata`.
+const SNAPSHOT_NAME: &str = "csi.storage.k8s.io/volumesnapshot/name";
+const SNAPSHOT_NAMESPACE: &str = "csi.storage.k8s.io/volumesnapshot/namespace";
+const SNAPSHOT_CONTENT_NAME: &str = "csi.storage.k8s.io/volumesnapshotcontent/name";
+
+/// CreateVolume's parameters, parsed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VolumeParameters {
+    /// `type`, default gp3.
+    pub volume_type: Option<String>,
+    /// `iops`.
+    pub iops: Option<i32>,
+    /// `iopsPerGB`.
+    pub iops_per_gib: Option<i32>,
+    /// `allowAutoIOPSPerGBIncrease`.
+    pub allow_iops_increase: bool,
+    /// `throughput`, MiB/s.
+    pub throughput: Option<i32>,
+    /// `encrypted`.
+    pub encrypted: bool,
+    /// `kmsKeyId`.
+    pub kms_key_id: Option<String>,
+    /// `csi.storage.k8s.io/fstype`, validated.
+    pub fs_type: Option<FsType>,
+    /// `blockSize`, `inodeSize`, … validated against the fstype.
+    pub format: FormatOptions,
+    /// Tags from `tagSpecification_N` plus the `kubernetes.io/created-for/…` ones.
+    pub tags: Tags,
+}
+
+/// Parses CreateVolume parameters.
+///
+/// # Errors
+/// INVALID_ARGUMENT naming the key for an unknown key or a bad value.
+pub fn volume(parameters: &HashMap<String, String>) -> Result<VolumeParameters, ControllerError> {
+    let lower: HashMap<String, &String> = parameters.iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
+    let fields = HashMap::from([
+        ("PVCName", lower.get(PVC_NAME).map(|v| (*v).clone()).unwrap_or_default()),
+        (
+            "PVCNamespace",
+            lower.get(PVC_NAMESPACE).map(|v| (*v).clone()).unwrap_or_default(),
+        ),
+        ("PVName", lower.get(PV_NAME).map(|v| (*v).clone()).unwrap_or_default()),
+    ]);
+    let mut p = VolumeParameters::default();
+    for (key, value) in &lower {
+        match key.as_str() {
+            "type" => p.volume_type = Some(value.to_ascii_lowercase()),
+            "iops" => p.iops = Some(number(key, value)?),
+            "iopspergb" => p.iops_per_gib = Some(number(key, value)?),
+            "allowautoiopspergbincrease" => p.allow_iops_increase = boolean(key, value)?,
+            "throughput" => p.throughput = Some(number(key, value)?),
+            "encrypted" => p.encrypted = boolean(key, value)?,
+            "kmskeyid" => p.kms_key_id = Some((*value).clone()),
+            FS_TYPE => p.fs_type = Some(fs_type(value)?),
+            PVC_NAME | PVC_NAMESPACE | PV_NAME => {
+                let suffix = key.trim_start_matches("csi.storage.k8s.io/");
+                p.tags
+                    .insert(format!("{}{suffix}", tags::CREATED_FOR_PREFIX), (*value).clone());
+            }
+            k if FormatOptions::is_key(k) => {}
+            k if k.starts_with(tags::SPECIFICATION_PREFIX) => {
+                let (tag, tag_value) = tags::parse_specification(value, &fields)?;
+                p.tags.insert(tag, tag_value);
+            }
+            _ => return Err(unknown(key)),
+        }
+    }
+    p.format = FormatOptions::from_map(parameters).map_err(ControllerError::InvalidArgument)?;
+    p.format
+        .validate(p.fs_type.unwrap_or(FsType::Ext4))
+        .map_err(ControllerError::InvalidArgument)?;
+    Ok(p)
+}
+
+/// Parses CreateSnapshot (VolumeSnapshotClass) parameters: only
+/// `tagSpecification_N` with the snapshot template fields, and the
+/// snapshotter's metadata keys.
+///
+/// # Errors
+/// INVALID_ARGUMENT for any other key or a bad specification.
+pub fn snapshot(parameters: &HashMap<String, String>) -> Result<Tags, ControllerError> {
+    let lower: HashMap<String, &String> = parameters.iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
+    let field = |key: &str| lower.get(key).map(|v| (*v).clone()).unwrap_or_default();
+    let fields = HashMap::from([
+        ("VolumeSnapshotName", field(SNAPSHOT_NAME)),
+        ("VolumeSnapshotNamespace", field(SNAPSHOT_NAMESPACE)),
+        ("VolumeSnapshotContentName", field(SNAPSHOT_CONTENT_NAME)),
+    ]);
+    let mut tags = Tags::new();
+    for (key, value) in &lower {
+        match key.as_str() {
+            SNAPSHOT_NAME | SNAPSHOT_NAMESPACE | SNAPSHOT_CONTENT_NAME => {}
+            k if k.starts_with(tags::SPECIFICATION_PREFIX) => {
+                let (tag, tag_value) = tags::parse_specification(value, &fields)?;
+                tags.insert(tag, tag_value);
+            }
+            _ => return Err(unknown(key)),
+        }
+    }
+    Ok(tags)
+}
+
+/// ControllerModifyVolume's mutable parameters, parsed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Mutation {
+    /// `type`.
+    pub volume_type: Option<String>,
+    /// `iops`.
+    pub iops: Option<i32>,
+    /// `iopsPerGB`.
+    pub iops_per_gib: Option<i32>,
+    /// `throughput`.
+    pub throughput: Option<i32>,
+    /// Tags to add or overwrite (`tagSpecification_N`).
+    pub add_tags: Tags,
+    /// Tag keys to remove (`tagDeletion_N`).
+    pub delete_tags: Vec<String>,
+}
+
+/// Parses ControllerModifyVolume's `mutable_parameters`.
+///
+/// # Errors
+/// INVALID_ARGUMENT for an unknown key or a bad value.
+pub fn mutation(parameters: &HashMap<String, String>) -> Result<Mutation, ControllerError> {
+    let mut m = Mutation::default();
+    for (key, value) in parameters {
+        match key.to_ascii_lowercase().as_str() {
+            "type" => m.volume_type = Some(value.to_ascii_lowercase()),
+            "iops" => m.iops = Some(number(key, value)?),
+            "iopspergb" => m.iops_per_gib = Some(number(key, value)?),
+            "throughput" => m.throughput = Some(number(key, value)?),
+            k if k.starts_with(tags::SPECIFICATION_PREFIX) => {
+                let (tag, tag_value) = tags::parse_specification(value, &HashMap::new())?;
+                m.add_tags.insert(tag, tag_value);
+            }
+            k if k.starts_with(tags::DELETION_PREFIX) => {
+                tags::check_key(value)?;
+                m.delete_tags.push(value.clone());
+            }
+            k => return Err(unknown(k)),
+        }
+    }
+    Ok(m)
+}
+
+fn number(key: &str, value: &str) -> Result<i32, ControllerError> {
+    value
+        .parse::<i32>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| ControllerError::InvalidArgument(format!("{key}={value:?} is not a positive number")))
+}
+
+fn boolean(key: &str, value: &str) -> Result<bool, ControllerError> {
+    value
+        .to_ascii_lowercase()
+        .parse::<bool>()
+        .map_err(|_| ControllerError::InvalidArgument(format!("{key}={value:?} is not true or false")))
+}
+
+fn fs_type(value: &str) -> Result<FsType, ControllerError> {
+    FsType::from_name(&value.to_ascii_lowercase()).ok_or_else(|| {
+        ControllerError::InvalidArgument(format!("fstype {value:?} is not one of ext2, ext3, ext4, xfs"))
+    })
+}
+
+fn unknown(key: &str) -> ControllerError {
+    ControllerError::InvalidArgument(format!("parameter {key:?} is not known"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn parses_the_go_drivers_parameters() {
+        let p = volume(&map(&[
+            ("Type", "IO2"),
+            ("iopsPerGB", "50"),
+            ("allowAutoIOPSPerGBIncrease", "true"),
+            ("encrypted", "TRUE"),
+            ("kmsKeyId", "arn:aws:kms:key"),
+            ("csi.storage.k8s.io/fstype", "xfs"),
+            ("blockSize", "4096"),
+            ("tagSpecification_1", "owner={{ .PVCNamespace }}"),
+            ("csi.storage.k8s.io/pvc/namespace", "shop"),
+            ("csi.storage.k8s.io/pvc/name", "data"),
+        ]))
+        .unwrap();
+        assert_eq!(p.volume_type.as_deref(), Some("io2"));
+        assert_eq!(
+            (p.iops_per_gib, p.allow_iops_increase, p.encrypted),
+            (Some(50), true, true)
+        );
+        assert_eq!(p.fs_type, Some(FsType::Xfs));
+        assert_eq!(p.format.block_size, Some(4096));
+        assert_eq!(p.tags.get("owner").map(String::as_str), Some("shop"));
+        assert_eq!(
+            p.tags.get("kubernetes.io/created-for/pvc/name").map(String::as_str),
+            Some("data")
+        );
+    }
+
+    #[test]
+    fn refuses_unknown_keys_and_bad_values() {
+        for bad in [
+            map(&[("color", "blue")]),
+            map(&[("iops", "many")]),
+            map(&[("iops", "-5")]),
+            map(&[("encrypted", "yes")]),
+            map(&[("csi.storage.k8s.io/fstype", "ntfs")]),
+            map(&[("csi.storage.k8s.io/fstype", "xfs"), ("bytesPerInode", "4096")]),
+            map(&[("tagSpecification_1", "CSIVolumeName=x")]),
+        ] {
+            assert!(
+                matches!(volume(&bad), Err(ControllerError::InvalidArgument(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn parses_snapshot_and_modify_parameters() {
+        let tags = snapshot(&map(&[
+            (
+                "tagSpecification_1",
+                "source={{ .VolumeSnapshotNamespace }}/{{ .VolumeSnapshotName }}",
+            ),
+            ("csi.storage.k8s.io/volumesnapshot/name", "nightly"),
+            ("csi.storage.k8s.io/volumesnapshot/namespace", "shop"),
+        ]))
+        .unwrap();
+        assert_eq!(tags.get("source").map(String::as_str), Some("shop/nightly"));
+        assert!(snapshot(&map(&[("type", "gp3")])).is_err());
+        let m = mutation(&map(&[
+            ("type", "io2"),
+            ("iops", "4000"),
+            ("tagDeletion_1", "team"),
+            ("tagSpecification_1", "env=prod"),
+        ]))
+        .unwrap();
+        assert_eq!((m.volume_type.as_deref(), m.iops), (Some("io2"), Some(4000)));
+        assert_eq!(m.delete_tags, vec!["team".to_owned()]);
+        assert!(mutation(&map(&[("encrypted", "true")])).is_err());
+    }
+}

@@ -1,0 +1,159 @@
+//! ControllerPublishVolume and ControllerUnpublishVolume: AttachVolume and
+//! DetachVolume, with device names and waits.
+
+use std::collections::HashMap;
+
+use ebs_csi_proto::v1::{
+    ControllerPublishVolumeRequest, ControllerPublishVolumeResponse, ControllerUnpublishVolumeRequest,
+    ControllerUnpublishVolumeResponse,
+};
+
+use super::capability;
+use super::wait::{self, Look};
+use super::{ControllerService, required};
+use crate::ec2::{AttachmentState, Ec2, Ec2Error, Volume};
+use crate::error::ControllerError;
+
+/// The publish-context key the node reads the device name from (the Go
+/// driver's, which Nomad and kubelet pass through).
+pub const DEVICE_PATH_KEY: &str = "devicePath";
+
+/// Device names tried for one publish before giving up (EC2 may refuse a
+/// name that is in use on the instance but not in its block-device map).
+const NAME_ATTEMPTS: usize = 3;
+
+fn attachment_on<'a>(volume: &'a Volume, instance_id: &str) -> Option<&'a crate::ec2::Attachment> {
+    volume
+        .attachments
+        .iter()
+        .find(|a| a.instance_id == instance_id && a.state != AttachmentState::Detached)
+}
+
+impl<E: Ec2> ControllerService<E> {
+    pub(super) async fn publish(
+        &self,
+        r: ControllerPublishVolumeRequest,
+    ) -> Result<ControllerPublishVolumeResponse, ControllerError> {
+        let volume_id = required("volume_id", &r.volume_id)?;
+        let node_id = required("node_id", &r.node_id)?;
+        capability::check(r.volume_capability.as_slice())?;
+        let _guard = self.in_flight.acquire(&format!("{volume_id}/{node_id}"))?;
+        let volume = self.existing(volume_id).await?;
+        let instance = self
+            .describe
+            .instances
+            .get(node_id)
+            .await?
+            .ok_or_else(|| ControllerError::NotFound(format!("node {node_id} (EC2 instance) not found")))?;
+        let device = match attachment_on(&volume, node_id) {
+            Some(existing) => existing.device.clone(),
+            None => {
+                let elsewhere: Vec<&str> = volume
+                    .attachments
+                    .iter()
+                    .filter(|a| a.state != AttachmentState::Detached)
+                    .map(|a| a.instance_id.as_str())
+                    .collect();
+                if !elsewhere.is_empty() && !volume.multi_attach {
+                    return Err(ControllerError::FailedPrecondition(format!(
+                        "volume {volume_id} is attached to node {}",
+                        elsewhere.join(", ")
+                    )));
+                }
+                self.attach(volume_id, node_id, &instance.device_names).await?
+            }
+        };
+        self.wait_attached(volume_id, node_id, &device).await?;
+        tracing::info!(volume_id, node_id, %device, "volume attached");
+        Ok(ControllerPublishVolumeResponse {
+            publish_context: HashMap::from([(DEVICE_PATH_KEY.to_owned(), device)]),
+        })
+    }
+
+    /// AttachVolume with a fresh device name, trying another when EC2
+    /// refuses one.
+    async fn attach(&self, volume_id: &str, node_id: &str, in_use: &[String]) -> Result<String, ControllerError> {
+        for _ in 0..NAME_ATTEMPTS {
+            let name = self
+                .devices
+                .allocate(node_id, in_use)
+                .ok_or_else(|| ControllerError::ResourceExhausted(format!("no free device name on node {node_id}")))?;
+            match self.ec2.attach_volume(volume_id, node_id, &name.name).await {
+                Ok(()) => return Ok(name.name.clone()),
+                Err(Ec2Error::DeviceNameRefused(m)) => {
+                    tracing::warn!(volume_id, node_id, device = %name.name, reason = %m, "device name refused");
+                    self.devices.refuse(node_id, &name.name);
+                }
+                Err(Ec2Error::AttachmentLimitExceeded(m)) => {
+                    return Err(ControllerError::ResourceExhausted(format!(
+                        "node {node_id} cannot attach more volumes: {m}"
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(ControllerError::Unavailable(format!(
+            "EC2 refused {NAME_ATTEMPTS} device names on node {node_id}"
+        )))
+    }
+
+    /// Waits for the attachment to be `attached` on `device`; one stuck in
+    /// `attaching` past the attach timeout is detached again.
+    async fn wait_attached(&self, volume_id: &str, node_id: &str, device: &str) -> Result<(), ControllerError> {
+        let what = format!("volume {volume_id} to attach to {node_id}");
+        let result = wait::until(&what, self.settings.attach_timeout, || async {
+            let volume = self.describe.volumes.get(volume_id).await?;
+            Ok(match volume.as_ref().and_then(|v| attachment_on(v, node_id)) {
+                Some(a) if a.state == AttachmentState::Attached && a.device == device => Look::Done(()),
+                Some(a) if a.state == AttachmentState::Attached => Look::Fail(ControllerError::Internal(format!(
+                    "volume {volume_id} is attached to {node_id} as {}, not {device}",
+                    a.device
+                ))),
+                Some(a) if matches!(a.state, AttachmentState::Attaching | AttachmentState::Busy) => Look::Again,
+                _ => Look::Fail(ControllerError::Unavailable(format!(
+                    "the attachment of volume {volume_id} to {node_id} went away"
+                ))),
+            })
+        })
+        .await;
+        if let Err(ControllerError::Unavailable(_)) = &result {
+            tracing::warn!(volume_id, node_id, "attachment stuck; detaching");
+            if let Err(e) = self.ec2.detach_volume(volume_id, node_id).await {
+                tracing::error!(volume_id, node_id, error = %e, "could not undo the stuck attachment");
+            }
+        }
+        result
+    }
+
+    pub(super) async fn unpublish(
+        &self,
+        r: ControllerUnpublishVolumeRequest,
+    ) -> Result<ControllerUnpublishVolumeResponse, ControllerError> {
+        let volume_id = required("volume_id", &r.volume_id)?;
+        let node_id = required("node_id", &r.node_id)?;
+        let _guard = self.in_flight.acquire(&format!("{volume_id}/{node_id}"))?;
+        match self.ec2.detach_volume(volume_id, node_id).await {
+            Ok(()) => {}
+            Err(Ec2Error::NotFound(_)) => return Ok(ControllerUnpublishVolumeResponse {}),
+            Err(Ec2Error::IncorrectState(m)) if m.contains("not attached") => {
+                return Ok(ControllerUnpublishVolumeResponse {});
+            }
+            Err(e) => return Err(e.into()),
+        }
+        wait::until(
+            &format!("volume {volume_id} to detach from {node_id}"),
+            self.settings.state_timeout,
+            || async {
+                let volume = self.describe.volumes.get(volume_id).await?;
+                Ok(if volume.as_ref().and_then(|v| attachment_on(v, node_id)).is_some() {
+                    Look::Again
+                } else {
+                    Look::Done(())
+                })
+            },
+        )
+        .await?;
+        tracing::info!(volume_id, node_id, "volume detached");
+        Ok(ControllerUnpublishVolumeResponse {})
+    }
+}

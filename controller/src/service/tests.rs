@@ -1,0 +1,300 @@
+//! The controller against the in-memory EC2 model: what moto cannot show.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
+use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+use ebs_csi_proto::v1::*;
+use tonic::Code;
+
+use super::{ControllerService, Settings};
+use crate::ec2::batch::BatchConfig;
+use crate::ec2::model::{Behaviour, Model};
+use crate::ec2::{AttachmentState, VolumeState};
+use crate::error::ControllerError;
+
+const GIB: i64 = 1 << 30;
+
+fn controller(behaviour: Behaviour) -> (Arc<Model>, ControllerService<Model>) {
+    let model = Arc::new(Model::new(behaviour));
+    model.add_instance("i-1", "us-east-1a");
+    model.add_instance("i-2", "us-east-1a");
+    let settings = Settings {
+        batch: BatchConfig {
+            window: Duration::from_millis(20),
+            ..BatchConfig::default()
+        },
+        modify_window: Duration::from_millis(100),
+        create_timeout: Duration::from_secs(10),
+        attach_timeout: Duration::from_secs(2),
+        state_timeout: Duration::from_secs(10),
+        ..Settings::default()
+    };
+    (Arc::clone(&model), ControllerService::new(model, settings))
+}
+
+fn capability(mode: Mode, block: bool) -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+        access_type: Some(if block {
+            AccessType::Block(BlockVolume {})
+        } else {
+            AccessType::Mount(MountVolume::default())
+        }),
+    }
+}
+
+fn request(name: &str, parameters: &[(&str, &str)], cap: VolumeCapability) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: 10 * GIB,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![cap],
+        parameters: parameters
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        accessibility_requirements: Some(TopologyRequirement {
+            requisite: vec![],
+            preferred: vec![Topology {
+                segments: HashMap::from([("topology.kubernetes.io/zone".into(), "us-east-1a".into())]),
+            }],
+        }),
+        ..Default::default()
+    }
+}
+
+async fn create(service: &ControllerService<Model>, name: &str) -> String {
+    service
+        .create(request(name, &[], capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap()
+        .volume
+        .unwrap()
+        .volume_id
+}
+
+fn publish(volume_id: &str, node: &str, cap: VolumeCapability) -> ControllerPublishVolumeRequest {
+    ControllerPublishVolumeRequest {
+        volume_id: volume_id.into(),
+        node_id: node.into(),
+        volume_capability: Some(cap),
+        ..Default::default()
+    }
+}
+
+fn code(error: ControllerError) -> Code {
+    tonic::Status::from(error).code()
+}
+
+#[tokio::test]
+async fn create_waits_for_available_and_repeats_return_the_same_volume() {
+    let (model, service) = controller(Behaviour::default());
+    let id = create(&service, "pvc-1").await;
+    assert_eq!(model.volume(&id).unwrap().state, VolumeState::Available);
+    assert_eq!(create(&service, "pvc-1").await, id);
+    assert_eq!(model.calls("CreateVolume"), 1);
+}
+
+#[tokio::test]
+async fn a_reused_client_token_with_other_parameters_is_already_exists() {
+    let (model, service) = controller(Behaviour::default());
+    model.burn_token(&super::volumes::client_token("pvc-reused"));
+    let err = service
+        .create(request("pvc-reused", &[], capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap_err();
+    assert_eq!(code(err), Code::AlreadyExists);
+}
+
+#[tokio::test]
+async fn a_volume_that_fails_is_reported_and_deleted() {
+    let (model, service) = controller(Behaviour {
+        creations_fail: true,
+        ..Behaviour::default()
+    });
+    let err = service
+        .create(request("pvc-bad", &[], capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap_err();
+    assert_eq!(code(err), Code::Internal);
+    assert_eq!(model.calls("DeleteVolume"), 1);
+    let list = service.list(ListVolumesRequest::default()).await.unwrap();
+    assert!(list.entries.is_empty(), "nothing is left behind");
+}
+
+#[tokio::test]
+async fn publish_waits_for_attached_and_undoes_a_stuck_attachment() {
+    let (model, service) = controller(Behaviour::default());
+    let id = create(&service, "pvc-attach").await;
+    let context = service
+        .publish(publish(&id, "i-1", capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap()
+        .publish_context;
+    assert_eq!(
+        model.volume(&id).unwrap().attachments[0].state,
+        AttachmentState::Attached
+    );
+    assert_eq!(
+        context.get("devicePath"),
+        Some(&model.volume(&id).unwrap().attachments[0].device)
+    );
+
+    let (model, service) = controller(Behaviour {
+        attach_delay: None,
+        ..Behaviour::default()
+    });
+    let id = create(&service, "pvc-stuck").await;
+    let err = service
+        .publish(publish(&id, "i-1", capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap_err();
+    assert_eq!(code(err), Code::Unavailable);
+    assert_eq!(model.calls("DetachVolume"), 1, "the stuck attachment is undone");
+}
+
+#[tokio::test]
+async fn refused_device_names_are_skipped_and_limits_are_resource_exhausted() {
+    let behaviour = Behaviour {
+        refused_names: vec!["/dev/xvdaa".into()],
+        attachment_limit: 3,
+        ..Behaviour::default()
+    };
+    let (model, service) = controller(behaviour);
+    let first = create(&service, "pvc-a").await;
+    let context = service
+        .publish(publish(&first, "i-1", capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap()
+        .publish_context;
+    assert_eq!(context.get("devicePath").map(String::as_str), Some("/dev/xvdab"));
+    assert_eq!(model.calls("AttachVolume"), 2);
+    let second = create(&service, "pvc-b").await;
+    service
+        .publish(publish(&second, "i-1", capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap();
+    let third = create(&service, "pvc-c").await;
+    let err = service
+        .publish(publish(&third, "i-1", capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap_err();
+    assert_eq!(code(err), Code::ResourceExhausted);
+}
+
+#[tokio::test]
+async fn io2_block_volumes_attach_to_several_nodes() {
+    let (_model, service) = controller(Behaviour::default());
+    let block = capability(Mode::MultiNodeMultiWriter, true);
+    let id = service
+        .create(request(
+            "pvc-shared",
+            &[("type", "io2"), ("iops", "1000")],
+            block.clone(),
+        ))
+        .await
+        .unwrap()
+        .volume
+        .unwrap()
+        .volume_id;
+    service.publish(publish(&id, "i-1", block.clone())).await.unwrap();
+    service.publish(publish(&id, "i-2", block)).await.unwrap();
+    let single = create(&service, "pvc-single").await;
+    service
+        .publish(publish(&single, "i-1", capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap();
+    let err = service
+        .publish(publish(&single, "i-2", capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap_err();
+    assert_eq!(code(err), Code::FailedPrecondition);
+}
+
+#[tokio::test]
+async fn concurrent_calls_for_one_volume_are_aborted() {
+    let (_model, service) = controller(Behaviour::default());
+    let service = Arc::new(service);
+    let id = create(&service, "pvc-race").await;
+    let first = tokio::spawn({
+        let (service, id) = (Arc::clone(&service), id.clone());
+        async move {
+            service
+                .publish(publish(&id, "i-1", capability(Mode::SingleNodeWriter, false)))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = service
+        .publish(publish(&id, "i-1", capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap_err();
+    assert_eq!(code(second), Code::Aborted);
+    first.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn one_modification_per_window_and_the_cooldown_after_it() {
+    let (model, service) = controller(Behaviour::default());
+    let service = Arc::new(service);
+    let id = create(&service, "pvc-mod").await;
+    let expand = |gib: i64| ControllerExpandVolumeRequest {
+        volume_id: id.clone(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: gib * GIB,
+            limit_bytes: 0,
+        }),
+        ..Default::default()
+    };
+    let modify = ControllerModifyVolumeRequest {
+        volume_id: id.clone(),
+        mutable_parameters: HashMap::from([("iops".into(), "4000".into())]),
+        ..Default::default()
+    };
+    let (expanded, modified) = tokio::join!(service.expand(expand(20)), service.modify(modify));
+    assert_eq!(expanded.unwrap().capacity_bytes, 20 * GIB);
+    modified.unwrap();
+    assert_eq!(model.calls("ModifyVolume"), 1);
+    let volume = model.volume(&id).unwrap();
+    assert_eq!((volume.size_gib, volume.iops), (20, Some(4000)));
+    let err = service.expand(expand(30)).await.unwrap_err();
+    assert_eq!(
+        code(err),
+        Code::FailedPrecondition,
+        "EC2 allows one modification per six hours"
+    );
+}
+
+#[tokio::test]
+async fn throttling_that_survives_retries_is_unavailable() {
+    let (model, service) = controller(Behaviour::default());
+    model.throttle(1);
+    let err = service
+        .create(request("pvc-throttled", &[], capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap_err();
+    assert_eq!(code(err), Code::Unavailable);
+    create(&service, "pvc-throttled").await;
+}
+
+#[tokio::test]
+async fn volumes_without_topology_spread_across_zones() {
+    let (model, service) = controller(Behaviour::default());
+    let mut zones = Vec::new();
+    for i in 0..3 {
+        let r = CreateVolumeRequest {
+            accessibility_requirements: None,
+            ..request(&format!("pvc-{i}"), &[], capability(Mode::SingleNodeWriter, false))
+        };
+        let id = service.create(r).await.unwrap().volume.unwrap().volume_id;
+        zones.push(model.volume(&id).unwrap().zone);
+    }
+    zones.sort();
+    zones.dedup();
+    assert_eq!(zones.len(), 3, "{zones:?}");
+}

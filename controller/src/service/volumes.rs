@@ -1,0 +1,417 @@
+//! CreateVolume, DeleteVolume, ValidateVolumeCapabilities,
+//! ControllerGetVolume and ListVolumes.
+
+use ebs_csi_proto::v1::controller_get_volume_response;
+use ebs_csi_proto::v1::list_volumes_response;
+use ebs_csi_proto::v1::validate_volume_capabilities_response::Confirmed;
+use ebs_csi_proto::v1::volume_content_source::{self, SnapshotSource};
+use ebs_csi_proto::v1::*;
+use sha2::{Digest, Sha256};
+
+use super::capability;
+use super::topology;
+use super::wait::{self, Look};
+use super::{ControllerService, GIB, gib_ceil, required};
+use crate::ec2::{AttachmentState, CreateVolumeInput, Ec2, Ec2Error, Selector, Volume, VolumeState};
+use crate::error::ControllerError;
+use crate::parameters;
+use crate::tags;
+use crate::volume_type::{self, VolumeType};
+
+/// Size of a volume created without a capacity range, in GiB (the Go
+/// driver's default).
+const DEFAULT_SIZE_GIB: i64 = 100;
+
+/// The ClientToken for a volume name: EC2 allows 64 ASCII characters, the
+/// hex SHA-256 of the name is exactly that.
+pub(super) fn client_token(name: &str) -> String {
+    Sha256::digest(name.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The size in GiB for a capacity range: the requested bytes rounded up to
+/// GiB, at least the type's minimum, at most the limit.
+fn size_gib(range: Option<&CapacityRange>, kind: &VolumeType, at_least_gib: i64) -> Result<i32, ControllerError> {
+    let required = range.map_or(0, |r| r.required_bytes);
+    let limit = range.map_or(0, |r| r.limit_bytes);
+    if required < 0 || limit < 0 || (limit > 0 && required > limit) {
+        return Err(ControllerError::InvalidArgument(format!(
+            "capacity range {required}..{limit} bytes is invalid"
+        )));
+    }
+    let wanted = if required > 0 {
+        gib_ceil(required)
+    } else if limit > 0 {
+        DEFAULT_SIZE_GIB.min(limit / GIB)
+    } else {
+        DEFAULT_SIZE_GIB
+    };
+    let size = wanted.max(i64::from(kind.min_gib)).max(at_least_gib);
+    if limit > 0 && size * GIB > limit {
+        return Err(ControllerError::OutOfRange(format!(
+            "{} volumes of {size} GiB (the smallest that fits) exceed the limit of {limit} bytes",
+            kind.name
+        )));
+    }
+    kind.check_size(size)?;
+    i32::try_from(size).map_err(|_| ControllerError::OutOfRange(format!("{size} GiB is too large")))
+}
+
+/// A volume as CSI reports it.
+fn csi_volume(v: &Volume, context: std::collections::HashMap<String, String>) -> ebs_csi_proto::v1::Volume {
+    ebs_csi_proto::v1::Volume {
+        volume_id: v.id.clone(),
+        capacity_bytes: i64::from(v.size_gib) * GIB,
+        volume_context: context,
+        content_source: v.snapshot_id.as_ref().map(|id| VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Snapshot(SnapshotSource {
+                snapshot_id: id.clone(),
+            })),
+        }),
+        accessible_topology: vec![topology::topology(&v.zone)],
+    }
+}
+
+/// Nodes the volume is attached to (or being attached to).
+fn published_nodes(v: &Volume) -> Vec<String> {
+    v.attachments
+        .iter()
+        .filter(|a| {
+            matches!(
+                a.state,
+                AttachmentState::Attaching | AttachmentState::Attached | AttachmentState::Busy
+            )
+        })
+        .map(|a| a.instance_id.clone())
+        .collect()
+}
+
+/// Whether an existing volume satisfies a repeated CreateVolume.
+fn matches_request(v: &Volume, input: &CreateVolumeInput) -> bool {
+    v.size_gib == input.size_gib
+        && v.volume_type == input.volume_type
+        && input.iops.is_none_or(|iops| v.iops == Some(iops))
+        && input.throughput.is_none_or(|t| v.throughput == Some(t))
+        && v.encrypted == input.encrypted
+        && v.snapshot_id == input.snapshot_id
+        && v.multi_attach == input.multi_attach
+}
+
+/// Paginates `items` (sorted by id) after `token` (the last id returned).
+pub(super) fn page<T>(
+    items: Vec<T>,
+    id: impl Fn(&T) -> &str,
+    token: &str,
+    max: i32,
+) -> Result<(Vec<T>, String), ControllerError> {
+    let start = if token.is_empty() {
+        0
+    } else {
+        items
+            .iter()
+            .position(|item| id(item) == token)
+            .map(|i| i + 1)
+            .ok_or_else(|| ControllerError::Aborted(format!("starting_token {token:?} is not valid")))?
+    };
+    let max = usize::try_from(max).ok().filter(|m| *m > 0).unwrap_or(usize::MAX);
+    let rest: Vec<T> = items.into_iter().skip(start).collect();
+    let more = rest.len() > max;
+    let page: Vec<T> = rest.into_iter().take(max).collect();
+    let next = if more {
+        page.last().map(|item| id(item).to_owned()).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    Ok((page, next))
+}
+
+impl<E: Ec2> ControllerService<E> {
+    pub(super) async fn create(&self, r: CreateVolumeRequest) -> Result<CreateVolumeResponse, ControllerError> {
+        let name = required("name", &r.name)?;
+        let needs = capability::check(&r.volume_capabilities)?;
+        let p = parameters::volume(&r.parameters)?;
+        let kind = volume_type::lookup(p.volume_type.as_deref().unwrap_or(volume_type::DEFAULT))?;
+        if needs.multi_attach && !kind.multi_attach {
+            return Err(ControllerError::InvalidArgument(format!(
+                "{} volumes cannot be attached to several nodes",
+                kind.name
+            )));
+        }
+        let snapshot = match r.volume_content_source.as_ref().and_then(|s| s.r#type.as_ref()) {
+            Some(volume_content_source::Type::Snapshot(s)) => Some(
+                self.describe
+                    .snapshots
+                    .get(required("snapshot_id", &s.snapshot_id)?)
+                    .await?
+                    .ok_or_else(|| ControllerError::NotFound(format!("snapshot {} not found", s.snapshot_id)))?,
+            ),
+            Some(volume_content_source::Type::Volume(_)) => {
+                return Err(ControllerError::Unimplemented(
+                    "cloning volumes is not supported; restore from a snapshot".into(),
+                ));
+            }
+            None => None,
+        };
+        let size_gib = size_gib(
+            r.capacity_range.as_ref(),
+            &kind,
+            snapshot.as_ref().map_or(0, |s| i64::from(s.size_gib)),
+        )?;
+        let iops = kind.resolve_iops(size_gib, p.iops, p.iops_per_gib, p.allow_iops_increase)?;
+        kind.check_throughput(p.throughput, iops)?;
+        let _guard = self.in_flight.acquire(name)?;
+        let zone = self
+            .zones
+            .pick(r.accessibility_requirements.as_ref(), self.ec2.as_ref())
+            .await?;
+        let mut volume_tags = tags::common(self.settings.cluster_id.as_deref(), &self.settings.extra_tags);
+        volume_tags.extend(p.tags);
+        volume_tags.insert(tags::VOLUME_NAME.to_owned(), name.to_owned());
+        let input = CreateVolumeInput {
+            zone,
+            size_gib,
+            volume_type: kind.name.to_owned(),
+            iops,
+            throughput: p.throughput,
+            encrypted: p.encrypted,
+            kms_key_id: p.kms_key_id,
+            snapshot_id: snapshot.map(|s| s.id),
+            multi_attach: needs.multi_attach,
+            tags: volume_tags,
+            client_token: client_token(name),
+        };
+        let existing = self
+            .ec2
+            .describe_volumes(Selector::Tag(tags::VOLUME_NAME.to_owned(), name.to_owned()))
+            .await?;
+        let volume = match existing.into_iter().find(|v| {
+            !matches!(
+                v.state,
+                VolumeState::Deleting | VolumeState::Deleted | VolumeState::Error
+            )
+        }) {
+            Some(v) if matches_request(&v, &input) => v,
+            Some(v) => {
+                return Err(ControllerError::AlreadyExists(format!(
+                    "volume {} named {name} exists with other parameters",
+                    v.id
+                )));
+            }
+            None => match self.ec2.create_volume(input).await {
+                Ok(v) => v,
+                Err(Ec2Error::IdempotentParameterMismatch(m)) => {
+                    return Err(ControllerError::AlreadyExists(format!(
+                        "a volume named {name} was requested with other parameters: {m}"
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            },
+        };
+        tracing::info!(volume_id = %volume.id, name, zone = %volume.zone, size_gib, "volume created");
+        let volume = self.wait_available(volume).await?;
+        let mut context = p.format.to_context();
+        if let Some(fs) = p.fs_type {
+            context.insert("csi.storage.k8s.io/fstype".to_owned(), fs.name().to_owned());
+        }
+        Ok(CreateVolumeResponse {
+            volume: Some(csi_volume(&volume, context)),
+        })
+    }
+
+    /// Waits for `available`; a volume that fails is deleted and reported.
+    async fn wait_available(&self, volume: Volume) -> Result<Volume, ControllerError> {
+        if volume.state == VolumeState::Available {
+            return Ok(volume);
+        }
+        let id = volume.id.clone();
+        let result = wait::until(
+            &format!("volume {id} to become available"),
+            self.settings.create_timeout,
+            || async {
+                Ok(match self.describe.volumes.get(&id).await? {
+                    Some(v) if v.state == VolumeState::Available => Look::Done(v),
+                    Some(v) if v.state == VolumeState::Creating => Look::Again,
+                    Some(v) => Look::Fail(ControllerError::Internal(format!(
+                        "volume {id} went to state {:?} while creating",
+                        v.state
+                    ))),
+                    None => Look::Fail(ControllerError::Internal(format!(
+                        "volume {id} disappeared while creating"
+                    ))),
+                })
+            },
+        )
+        .await;
+        if let Err(ControllerError::Internal(reason)) = &result {
+            tracing::error!(volume_id = %id, %reason, "creation failed; deleting the volume");
+            if let Err(e) = self.ec2.delete_volume(&id).await {
+                tracing::error!(volume_id = %id, error = %e, "could not delete the failed volume");
+            }
+        }
+        result
+    }
+
+    pub(super) async fn delete(&self, r: DeleteVolumeRequest) -> Result<DeleteVolumeResponse, ControllerError> {
+        let volume_id = required("volume_id", &r.volume_id)?;
+        let _guard = self.in_flight.acquire(volume_id)?;
+        match self.ec2.delete_volume(volume_id).await {
+            Ok(()) | Err(Ec2Error::NotFound(_)) => {
+                tracing::info!(volume_id, "volume deleted");
+                Ok(DeleteVolumeResponse {})
+            }
+            Err(Ec2Error::IncorrectState(m)) => Err(ControllerError::FailedPrecondition(format!(
+                "volume {volume_id} is attached: {m}"
+            ))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub(super) async fn existing(&self, volume_id: &str) -> Result<Volume, ControllerError> {
+        self.describe
+            .volumes
+            .get(volume_id)
+            .await?
+            .filter(|v| !matches!(v.state, VolumeState::Deleted | VolumeState::Deleting))
+            .ok_or_else(|| ControllerError::NotFound(format!("volume {volume_id} not found")))
+    }
+
+    pub(super) async fn validate(
+        &self,
+        r: ValidateVolumeCapabilitiesRequest,
+    ) -> Result<ValidateVolumeCapabilitiesResponse, ControllerError> {
+        let volume_id = required("volume_id", &r.volume_id)?;
+        if r.volume_capabilities.is_empty() {
+            return Err(ControllerError::InvalidArgument(
+                "volume_capabilities are required".into(),
+            ));
+        }
+        let volume = self.existing(volume_id).await?;
+        let supported =
+            capability::check(&r.volume_capabilities).is_ok_and(|needs| !needs.multi_attach || volume.multi_attach);
+        Ok(ValidateVolumeCapabilitiesResponse {
+            confirmed: supported.then(|| Confirmed {
+                volume_context: r.volume_context.clone(),
+                volume_capabilities: r.volume_capabilities.clone(),
+                parameters: r.parameters.clone(),
+                mutable_parameters: r.mutable_parameters.clone(),
+            }),
+            message: if supported {
+                String::new()
+            } else {
+                "a capability is not supported by this volume".into()
+            },
+        })
+    }
+
+    pub(super) async fn get(
+        &self,
+        r: ControllerGetVolumeRequest,
+    ) -> Result<ControllerGetVolumeResponse, ControllerError> {
+        let volume = self.existing(required("volume_id", &r.volume_id)?).await?;
+        Ok(ControllerGetVolumeResponse {
+            status: Some(controller_get_volume_response::VolumeStatus {
+                published_node_ids: published_nodes(&volume),
+                volume_condition: Some(condition(&volume)),
+            }),
+            volume: Some(csi_volume(&volume, Default::default())),
+        })
+    }
+
+    pub(super) async fn list(&self, r: ListVolumesRequest) -> Result<ListVolumesResponse, ControllerError> {
+        let mut volumes = self
+            .ec2
+            .describe_volumes(Selector::TagKey(tags::CLUSTER.to_owned()))
+            .await?;
+        volumes.sort_by(|a, b| a.id.cmp(&b.id));
+        let (volumes, next_token) = page(volumes, |v| &v.id, &r.starting_token, r.max_entries)?;
+        Ok(ListVolumesResponse {
+            entries: volumes
+                .iter()
+                .map(|v| list_volumes_response::Entry {
+                    volume: Some(csi_volume(v, Default::default())),
+                    status: Some(list_volumes_response::VolumeStatus {
+                        published_node_ids: published_nodes(v),
+                        volume_condition: Some(condition(v)),
+                    }),
+                })
+                .collect(),
+            next_token,
+        })
+    }
+}
+
+fn condition(v: &Volume) -> VolumeCondition {
+    match v.state {
+        VolumeState::Error => VolumeCondition {
+            abnormal: true,
+            message: "the volume is in the error state".into(),
+        },
+        _ => VolumeCondition {
+            abnormal: false,
+            message: "ok".into(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_round_up_and_respect_limits() {
+        let gp3 = volume_type::lookup("gp3").unwrap();
+        let range = |required: i64, limit: i64| {
+            Some(CapacityRange {
+                required_bytes: required,
+                limit_bytes: limit,
+            })
+        };
+        assert_eq!(size_gib(None, &gp3, 0).unwrap(), 100);
+        assert_eq!(size_gib(range(1, 0).as_ref(), &gp3, 0).unwrap(), 1);
+        assert_eq!(size_gib(range(GIB + 1, 0).as_ref(), &gp3, 0).unwrap(), 2);
+        assert_eq!(size_gib(range(0, 10 * GIB).as_ref(), &gp3, 0).unwrap(), 10);
+        assert_eq!(
+            size_gib(range(GIB, 0).as_ref(), &gp3, 8).unwrap(),
+            8,
+            "at least the snapshot's size"
+        );
+        let io1 = volume_type::lookup("io1").unwrap();
+        assert_eq!(
+            size_gib(range(GIB, 0).as_ref(), &io1, 0).unwrap(),
+            4,
+            "the type's minimum"
+        );
+        assert!(matches!(
+            size_gib(range(GIB, 2 * GIB).as_ref(), &io1, 0),
+            Err(ControllerError::OutOfRange(_))
+        ));
+        assert!(matches!(
+            size_gib(range(20_000 * GIB, 0).as_ref(), &gp3, 0),
+            Err(ControllerError::OutOfRange(_))
+        ));
+        assert!(size_gib(range(5 * GIB, GIB).as_ref(), &gp3, 0).is_err());
+    }
+
+    #[test]
+    fn tokens_are_stable_64_character_hex() {
+        let token = client_token("pvc-1234");
+        assert_eq!(token.len(), 64);
+        assert_eq!(token, client_token("pvc-1234"));
+        assert_ne!(token, client_token("pvc-1235"));
+    }
+
+    #[test]
+    fn pages_after_the_token() {
+        let ids: Vec<String> = (1..=5).map(|i| format!("vol-{i}")).collect();
+        let (first, next) = page(ids.clone(), |s| s, "", 2).unwrap();
+        assert_eq!(
+            (first, next.as_str()),
+            (vec!["vol-1".to_owned(), "vol-2".to_owned()], "vol-2")
+        );
+        let (rest, next) = page(ids.clone(), |s| s, "vol-4", 0).unwrap();
+        assert_eq!((rest, next.as_str()), (vec!["vol-5".to_owned()], ""));
+        assert!(matches!(page(ids, |s| s, "bogus", 2), Err(ControllerError::Aborted(_))));
+    }
+}

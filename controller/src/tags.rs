@@ -1,0 +1,149 @@
+//! The tags the controller writes, the same as the Go driver's, and the
+//! `tagSpecification_N` / `tagDeletion_N` parameters with their templates.
+
+use std::collections::HashMap;
+
+use crate::ec2::Tags;
+use crate::error::ControllerError;
+
+/// Holds the CSI volume name: the idempotency key of CreateVolume.
+pub const VOLUME_NAME: &str = "CSIVolumeName";
+/// Holds the CSI snapshot name: the idempotency key of CreateSnapshot.
+pub const SNAPSHOT_NAME: &str = "CSIVolumeSnapshotName";
+/// Marks every resource this driver creates (`true`); the IAM policy in
+/// `deploy/` is keyed on it.
+pub const CLUSTER: &str = "ebs.csi.aws.com/cluster";
+/// Prefix of the per-cluster ownership tag (`…/<id>=owned`).
+pub const CLUSTER_ID_PREFIX: &str = "kubernetes.io/cluster/";
+/// Prefix of the PVC/PV provenance tags (`…/pvc/name`, …).
+pub const CREATED_FOR_PREFIX: &str = "kubernetes.io/created-for/";
+
+/// Prefix of StorageClass and VolumeSnapshotClass tag parameters.
+pub const SPECIFICATION_PREFIX: &str = "tagspecification_";
+/// Prefix of VolumeAttributesClass tag deletions.
+pub const DELETION_PREFIX: &str = "tagdeletion_";
+
+/// Refuses keys the driver owns and keys EC2 reserves (`aws:`).
+///
+/// # Errors
+/// INVALID_ARGUMENT naming the key.
+pub fn check_key(key: &str) -> Result<(), ControllerError> {
+    let reserved = [VOLUME_NAME, SNAPSHOT_NAME, CLUSTER].contains(&key)
+        || [CLUSTER_ID_PREFIX, CREATED_FOR_PREFIX, "aws:"]
+            .iter()
+            .any(|p| key.starts_with(p));
+    if key.is_empty() || reserved {
+        return Err(ControllerError::InvalidArgument(format!(
+            "tag key {key:?} is reserved or empty"
+        )));
+    }
+    Ok(())
+}
+
+/// Parses a `tagSpecification_N` value `key=value`, expanding Go-template
+/// fields such as `{{ .PVCName }}` from `fields`.
+///
+/// # Errors
+/// INVALID_ARGUMENT for a value without `=`, an unknown template field, an
+/// unclosed `{{`, or a reserved key.
+pub fn parse_specification(value: &str, fields: &HashMap<&str, String>) -> Result<(String, String), ControllerError> {
+    let expanded = expand(value, fields)?;
+    let (key, value) = expanded
+        .split_once('=')
+        .ok_or_else(|| ControllerError::InvalidArgument(format!("tag specification {value:?} is not key=value")))?;
+    check_key(key)?;
+    Ok((key.to_owned(), value.to_owned()))
+}
+
+fn expand(text: &str, fields: &HashMap<&str, String>) -> Result<String, ControllerError> {
+    let invalid = |m: String| ControllerError::InvalidArgument(m);
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..]
+            .find("}}")
+            .ok_or_else(|| invalid(format!("unclosed template in {text:?}")))?;
+        let field = rest[start + 2..start + end].trim();
+        let name = field.strip_prefix('.').unwrap_or(field);
+        out.push_str(
+            fields
+                .get(name)
+                .ok_or_else(|| invalid(format!("unknown template field {field:?} in {text:?}")))?,
+        );
+        rest = &rest[start + end + 2..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// The tags of every resource the driver creates: the cluster marker, the
+/// per-cluster ownership tag, and `--extra-tags`.
+pub fn common(cluster_id: Option<&str>, extra: &Tags) -> Tags {
+    let mut tags = extra.clone();
+    tags.insert(CLUSTER.to_owned(), "true".to_owned());
+    if let Some(id) = cluster_id {
+        tags.insert(format!("{CLUSTER_ID_PREFIX}{id}"), "owned".to_owned());
+    }
+    tags
+}
+
+/// Parses `--extra-tags k=v,k2=v2`.
+///
+/// # Errors
+/// A message for an entry without `=` or with a reserved key.
+pub fn parse_extra(text: &str) -> Result<Tags, String> {
+    text.split(',')
+        .filter(|e| !e.trim().is_empty())
+        .map(|entry| {
+            let (k, v) = entry
+                .split_once('=')
+                .ok_or_else(|| format!("extra tag {entry:?} is not key=value"))?;
+            check_key(k.trim()).map_err(|e| e.to_string())?;
+            Ok((k.trim().to_owned(), v.trim().to_owned()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expands_templates_and_refuses_reserved_keys() {
+        let fields = HashMap::from([("PVCName", "data".to_owned()), ("PVCNamespace", "shop".to_owned())]);
+        assert_eq!(
+            parse_specification("owner={{ .PVCNamespace }}/{{.PVCName}}", &fields).unwrap(),
+            ("owner".to_owned(), "shop/data".to_owned())
+        );
+        assert_eq!(
+            parse_specification("a=b=c", &fields).unwrap(),
+            ("a".to_owned(), "b=c".to_owned())
+        );
+        for bad in [
+            "novalue",
+            "x={{ .PVName }}",
+            "x={{ .PVCName",
+            "CSIVolumeName=x",
+            "aws:foo=x",
+            "kubernetes.io/cluster/a=owned",
+            "=x",
+        ] {
+            assert!(parse_specification(bad, &fields).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn builds_common_tags() {
+        let extra = parse_extra("team=storage, env=prod").unwrap();
+        let tags = common(Some("prod-1"), &extra);
+        assert_eq!(tags.get("ebs.csi.aws.com/cluster").map(String::as_str), Some("true"));
+        assert_eq!(
+            tags.get("kubernetes.io/cluster/prod-1").map(String::as_str),
+            Some("owned")
+        );
+        assert_eq!(tags.get("env").map(String::as_str), Some("prod"));
+        assert!(parse_extra("broken").is_err());
+        assert!(parse_extra("CSIVolumeName=x").is_err());
+    }
+}

@@ -1,0 +1,287 @@
+//! EBS volume types and their documented limits (Amazon EBS User Guide,
+//! "Amazon EBS volume types"; gp3 and io2 Block Express as generally
+//! available in 2024). Requests are checked against these before EC2 is
+//! called, so a bad StorageClass fails fast with a message that names the
+//! limit.
+
+use crate::error::ControllerError;
+
+/// Provisioned-IOPS limits of a type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IopsLimits {
+    /// Minimum IOPS.
+    pub min: i32,
+    /// Maximum IOPS.
+    pub max: i32,
+    /// Maximum IOPS per GiB of size.
+    pub per_gib: i32,
+    /// EC2 requires an IOPS value at creation (io1, io2).
+    pub required: bool,
+}
+
+/// One volume type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VolumeType {
+    /// EC2's name.
+    pub name: &'static str,
+    /// Smallest size, GiB.
+    pub min_gib: i32,
+    /// Largest size, GiB.
+    pub max_gib: i32,
+    /// IOPS settings, where the type has them.
+    pub iops: Option<IopsLimits>,
+    /// Throughput range in MiB/s, where the type has it (gp3).
+    pub throughput: Option<(i32, i32)>,
+    /// Supports Multi-Attach (io1, io2).
+    pub multi_attach: bool,
+}
+
+/// The type used when a StorageClass names none (as the Go driver).
+pub const DEFAULT: &str = "gp3";
+
+/// gp3: at most 0.25 MiB/s of throughput per provisioned IOPS.
+pub const GP3_THROUGHPUT_PER_IOPS: f64 = 0.25;
+
+const TYPES: [VolumeType; 7] = [
+    VolumeType {
+        name: "gp2",
+        min_gib: 1,
+        max_gib: 16_384,
+        iops: None,
+        throughput: None,
+        multi_attach: false,
+    },
+    VolumeType {
+        name: "gp3",
+        min_gib: 1,
+        max_gib: 16_384,
+        iops: Some(IopsLimits {
+            min: 3_000,
+            max: 16_000,
+            per_gib: 500,
+            required: false,
+        }),
+        throughput: Some((125, 1_000)),
+        multi_attach: false,
+    },
+    VolumeType {
+        name: "io1",
+        min_gib: 4,
+        max_gib: 16_384,
+        iops: Some(IopsLimits {
+            min: 100,
+            max: 64_000,
+            per_gib: 50,
+            required: true,
+        }),
+        throughput: None,
+        multi_attach: true,
+    },
+    VolumeType {
+        name: "io2",
+        min_gib: 4,
+        max_gib: 65_536,
+        iops: Some(IopsLimits {
+            min: 100,
+            max: 256_000,
+            per_gib: 1_000,
+            required: true,
+        }),
+        throughput: None,
+        multi_attach: true,
+    },
+    VolumeType {
+        name: "st1",
+        min_gib: 125,
+        max_gib: 16_384,
+        iops: None,
+        throughput: None,
+        multi_attach: false,
+    },
+    VolumeType {
+        name: "sc1",
+        min_gib: 125,
+        max_gib: 16_384,
+        iops: None,
+        throughput: None,
+        multi_attach: false,
+    },
+    VolumeType {
+        name: "standard",
+        min_gib: 1,
+        max_gib: 1_024,
+        iops: None,
+        throughput: None,
+        multi_attach: false,
+    },
+];
+
+/// Looks a type up by EC2 name (case-insensitive).
+///
+/// # Errors
+/// INVALID_ARGUMENT listing the known types.
+pub fn lookup(name: &str) -> Result<VolumeType, ControllerError> {
+    TYPES
+        .iter()
+        .copied()
+        .find(|t| t.name.eq_ignore_ascii_case(name))
+        .ok_or_else(|| {
+            let names: Vec<&str> = TYPES.iter().map(|t| t.name).collect();
+            ControllerError::InvalidArgument(format!("volume type {name:?} is not one of {}", names.join(", ")))
+        })
+}
+
+impl VolumeType {
+    /// Checks a size in GiB.
+    ///
+    /// # Errors
+    /// OUT_OF_RANGE naming the type's size range.
+    pub fn check_size(&self, size_gib: i64) -> Result<(), ControllerError> {
+        if size_gib < i64::from(self.min_gib) || size_gib > i64::from(self.max_gib) {
+            return Err(ControllerError::OutOfRange(format!(
+                "{} volumes must be {}–{} GiB, not {size_gib} GiB",
+                self.name, self.min_gib, self.max_gib
+            )));
+        }
+        Ok(())
+    }
+
+    /// The IOPS to provision for `size_gib`: `iops` if given, else
+    /// `iops_per_gib × size` capped at the type's maximum and, with
+    /// `allow_increase`, raised to its minimum (the Go driver's
+    /// `iopsPerGB` and `allowAutoIOPSPerGBIncrease`), else the type's
+    /// default (none).
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT naming the limit that is broken, or when IOPS are
+    /// given for a type without them or missing for io1/io2.
+    pub fn resolve_iops(
+        &self,
+        size_gib: i32,
+        iops: Option<i32>,
+        iops_per_gib: Option<i32>,
+        allow_increase: bool,
+    ) -> Result<Option<i32>, ControllerError> {
+        let invalid = |m: String| Err(ControllerError::InvalidArgument(m));
+        let Some(limits) = self.iops else {
+            return if iops.is_some() || iops_per_gib.is_some() {
+                invalid(format!("{} volumes do not take provisioned IOPS", self.name))
+            } else {
+                Ok(None)
+            };
+        };
+        let iops = match (iops, iops_per_gib) {
+            (Some(iops), _) => iops,
+            (None, Some(per_gib)) => {
+                let wanted = per_gib.saturating_mul(size_gib).min(limits.max);
+                if wanted < limits.min && allow_increase {
+                    limits.min
+                } else {
+                    wanted
+                }
+            }
+            (None, None) if limits.required => return invalid(format!("{} volumes need iops or iopsPerGB", self.name)),
+            (None, None) => return Ok(None),
+        };
+        if iops < limits.min || iops > limits.max {
+            return invalid(format!(
+                "{} volumes take {}–{} IOPS, not {iops}",
+                self.name, limits.min, limits.max
+            ));
+        }
+        if i64::from(iops) > i64::from(limits.per_gib) * i64::from(size_gib) {
+            return invalid(format!(
+                "{iops} IOPS exceed {} IOPS per GiB for a {size_gib} GiB {} volume",
+                limits.per_gib, self.name
+            ));
+        }
+        Ok(Some(iops))
+    }
+
+    /// Checks a throughput in MiB/s against the type and the IOPS.
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT naming the limit.
+    pub fn check_throughput(&self, throughput: Option<i32>, iops: Option<i32>) -> Result<(), ControllerError> {
+        let Some(throughput) = throughput else { return Ok(()) };
+        let Some((min, max)) = self.throughput else {
+            return Err(ControllerError::InvalidArgument(format!(
+                "{} volumes do not take a throughput",
+                self.name
+            )));
+        };
+        if throughput < min || throughput > max {
+            return Err(ControllerError::InvalidArgument(format!(
+                "{} throughput must be {min}–{max} MiB/s, not {throughput}",
+                self.name
+            )));
+        }
+        let iops = iops.or(self.iops.map(|l| l.min)).unwrap_or_default();
+        if f64::from(throughput) > f64::from(iops) * GP3_THROUGHPUT_PER_IOPS {
+            return Err(ControllerError::InvalidArgument(format!(
+                "{throughput} MiB/s exceeds {GP3_THROUGHPUT_PER_IOPS} MiB/s per IOPS at {iops} IOPS"
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checks_sizes_per_type() {
+        assert!(lookup("GP3").unwrap().check_size(1).is_ok());
+        assert!(
+            matches!(lookup("io1").unwrap().check_size(2), Err(ControllerError::OutOfRange(m)) if m.contains("4–16384"))
+        );
+        assert!(lookup("st1").unwrap().check_size(100).is_err());
+        assert!(lookup("io2").unwrap().check_size(65_536).is_ok());
+        assert!(lookup("standard").unwrap().check_size(1_025).is_err());
+        assert!(lookup("gp4").is_err());
+    }
+
+    #[test]
+    fn resolves_iops_like_the_go_driver() {
+        let io1 = lookup("io1").unwrap();
+        assert_eq!(io1.resolve_iops(100, None, Some(10), false).unwrap(), Some(1_000));
+        assert_eq!(
+            io1.resolve_iops(10_000, None, Some(50), false).unwrap(),
+            Some(64_000),
+            "capped at the maximum"
+        );
+        assert!(
+            io1.resolve_iops(4, None, Some(10), false).is_err(),
+            "40 < 100 without auto increase"
+        );
+        assert_eq!(io1.resolve_iops(4, None, Some(10), true).unwrap(), Some(100));
+        assert!(io1.resolve_iops(10, None, None, false).is_err(), "io1 needs IOPS");
+        assert!(
+            io1.resolve_iops(10, Some(1_000), None, false).is_err(),
+            "50 IOPS/GiB at most"
+        );
+        let gp3 = lookup("gp3").unwrap();
+        assert_eq!(gp3.resolve_iops(10, None, None, false).unwrap(), None);
+        assert!(gp3.resolve_iops(100, Some(20_000), None, false).is_err());
+        assert!(
+            lookup("gp2")
+                .unwrap()
+                .resolve_iops(100, Some(3_000), None, false)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn checks_gp3_throughput() {
+        let gp3 = lookup("gp3").unwrap();
+        assert!(gp3.check_throughput(Some(125), None).is_ok());
+        assert!(gp3.check_throughput(Some(1_000), Some(4_000)).is_ok());
+        assert!(
+            gp3.check_throughput(Some(1_000), None).is_err(),
+            "750 MiB/s at 3000 IOPS at most"
+        );
+        assert!(gp3.check_throughput(Some(100), None).is_err());
+        assert!(lookup("io2").unwrap().check_throughput(Some(200), Some(1_000)).is_err());
+    }
+}

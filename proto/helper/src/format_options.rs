@@ -1,0 +1,261 @@
+//! Formatting options: the Go driver's StorageClass parameters, carried in
+//! a volume's `volume_context` from the controller to the node, and to the
+//! helper in a Stage request.
+
+use std::collections::HashMap;
+use std::ops::RangeInclusive;
+
+use serde::{Deserialize, Serialize};
+
+use crate::FsType;
+
+/// Formatting options, named after the Go driver's StorageClass
+/// parameters. `None` leaves the tool's default.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FormatOptions {
+    /// `blockSize`: filesystem block size in bytes (ext: `-b`, xfs: `-b size=`).
+    pub block_size: Option<u32>,
+    /// `inodeSize`: inode size in bytes (ext: `-I`, xfs: `-i size=`).
+    pub inode_size: Option<u32>,
+    /// `bytesPerInode`: bytes of space per inode (ext only: `-i`).
+    pub bytes_per_inode: Option<u32>,
+    /// `numberOfInodes`: total inode count (ext only: `-N`).
+    pub number_of_inodes: Option<u64>,
+    /// `ext4BigAlloc`: enable the bigalloc feature (ext4 only: `-O bigalloc`).
+    pub ext4_bigalloc: bool,
+    /// `ext4ClusterSize`: cluster size in bytes with bigalloc (ext4 only: `-C`).
+    pub ext4_cluster_size: Option<u32>,
+}
+
+/// The `volume_context` keys, lowercase as the Go driver's controller
+/// writes them (its node and ours read them case-insensitively).
+const KEYS: [&str; 6] = [
+    "blocksize",
+    "inodesize",
+    "bytesperinode",
+    "numberofinodes",
+    "ext4bigalloc",
+    "ext4clustersize",
+];
+
+impl FormatOptions {
+    /// Whether `key` names a formatting option (case-insensitive).
+    pub fn is_key(key: &str) -> bool {
+        KEYS.contains(&key.to_ascii_lowercase().as_str())
+    }
+
+    /// Reads the options from a map (StorageClass parameters or a volume
+    /// context), matching keys case-insensitively and ignoring other keys.
+    ///
+    /// # Errors
+    /// A message naming the key whose value is not a number (or
+    /// `true`/`false` for `ext4BigAlloc`).
+    pub fn from_map(map: &HashMap<String, String>) -> Result<Self, String> {
+        let mut options = Self::default();
+        for (key, value) in map {
+            let number = || {
+                value
+                    .parse::<u32>()
+                    .map_err(|_| format!("{key}={value:?} is not a number"))
+            };
+            match key.to_ascii_lowercase().as_str() {
+                "blocksize" => options.block_size = Some(number()?),
+                "inodesize" => options.inode_size = Some(number()?),
+                "bytesperinode" => options.bytes_per_inode = Some(number()?),
+                "numberofinodes" => options.number_of_inodes = Some(u64::from(number()?)),
+                "ext4clustersize" => options.ext4_cluster_size = Some(number()?),
+                "ext4bigalloc" => {
+                    options.ext4_bigalloc = value
+                        .parse::<bool>()
+                        .map_err(|_| format!("{key}={value:?} is not true or false"))?;
+                }
+                _ => {}
+            }
+        }
+        Ok(options)
+    }
+
+    /// The options as `volume_context` entries (only those that are set).
+    pub fn to_context(&self) -> HashMap<String, String> {
+        let values = [
+            self.block_size.map(u64::from),
+            self.inode_size.map(u64::from),
+            self.bytes_per_inode.map(u64::from),
+            self.number_of_inodes,
+            self.ext4_bigalloc.then_some(1),
+            self.ext4_cluster_size.map(u64::from),
+        ];
+        KEYS.iter()
+            .zip(values)
+            .filter_map(|(key, value)| {
+                let text = if *key == "ext4bigalloc" {
+                    "true".to_owned()
+                } else {
+                    value?.to_string()
+                };
+                value.map(|_| ((*key).to_owned(), text))
+            })
+            .collect()
+    }
+
+    /// Checks the options against `fs`: each value in the range its tool
+    /// accepts (mke2fs(8), mkfs.xfs(8)), ext-only options refused for XFS,
+    /// bigalloc options for ext4 only.
+    ///
+    /// # Errors
+    /// A message naming the option and its limit.
+    pub fn validate(&self, fs: FsType) -> Result<(), String> {
+        let ext = fs != FsType::Xfs;
+        let check = |name: &str, value: Option<u64>, range: RangeInclusive<u64>, power_of_two: bool| match value {
+            Some(v) if !range.contains(&v) || (power_of_two && !v.is_power_of_two()) => Err(format!(
+                "{name}={v} is outside {}..={}{} for {}",
+                range.start(),
+                range.end(),
+                if power_of_two { " or not a power of two" } else { "" },
+                fs.name()
+            )),
+            _ => Ok(()),
+        };
+        let block_min = if ext { 1024 } else { 512 };
+        let (inode_min, inode_max) = if ext { (128, 4096) } else { (256, 2048) };
+        check("blockSize", self.block_size.map(u64::from), block_min..=65536, true)?;
+        check("inodeSize", self.inode_size.map(u64::from), inode_min..=inode_max, true)?;
+        check(
+            "bytesPerInode",
+            self.bytes_per_inode.map(u64::from),
+            1024..=67_108_864,
+            false,
+        )?;
+        check("numberOfInodes", self.number_of_inodes, 1..=u64::from(u32::MAX), false)?;
+        check(
+            "ext4ClusterSize",
+            self.ext4_cluster_size.map(u64::from),
+            2048..=268_435_456,
+            true,
+        )?;
+        let only = |name: &str, set: bool, allowed: bool| {
+            if set && !allowed {
+                Err(format!("{name} is not supported for {}", fs.name()))
+            } else {
+                Ok(())
+            }
+        };
+        only("bytesPerInode", self.bytes_per_inode.is_some(), ext)?;
+        only("numberOfInodes", self.number_of_inodes.is_some(), ext)?;
+        only("ext4BigAlloc", self.ext4_bigalloc, fs == FsType::Ext4)?;
+        only(
+            "ext4ClusterSize",
+            self.ext4_cluster_size.is_some(),
+            fs == FsType::Ext4 && self.ext4_bigalloc,
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn reads_keys_case_insensitively_and_round_trips_the_context() {
+        let options = FormatOptions::from_map(&map(&[
+            ("blockSize", "4096"),
+            ("INODESIZE", "512"),
+            ("ext4BigAlloc", "true"),
+            ("type", "gp3"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            options,
+            FormatOptions {
+                block_size: Some(4096),
+                inode_size: Some(512),
+                ext4_bigalloc: true,
+                ..Default::default()
+            }
+        );
+        assert_eq!(FormatOptions::from_map(&options.to_context()).unwrap(), options);
+        assert_eq!(options.to_context().get("blocksize").map(String::as_str), Some("4096"));
+        assert!(FormatOptions::from_map(&map(&[("blocksize", "4k")])).is_err());
+        assert!(FormatOptions::from_map(&map(&[("ext4bigalloc", "yes")])).is_err());
+        assert!(FormatOptions::is_key("numberOfInodes") && !FormatOptions::is_key("type"));
+    }
+
+    #[test]
+    fn refuses_values_outside_the_tools_limits() {
+        let cases: [(FsType, FormatOptions); 8] = [
+            (
+                FsType::Ext4,
+                FormatOptions {
+                    block_size: Some(3000),
+                    ..Default::default()
+                },
+            ),
+            (
+                FsType::Ext4,
+                FormatOptions {
+                    block_size: Some(512),
+                    ..Default::default()
+                },
+            ),
+            (
+                FsType::Xfs,
+                FormatOptions {
+                    inode_size: Some(128),
+                    ..Default::default()
+                },
+            ),
+            (
+                FsType::Xfs,
+                FormatOptions {
+                    bytes_per_inode: Some(4096),
+                    ..Default::default()
+                },
+            ),
+            (
+                FsType::Xfs,
+                FormatOptions {
+                    number_of_inodes: Some(10),
+                    ..Default::default()
+                },
+            ),
+            (
+                FsType::Ext3,
+                FormatOptions {
+                    ext4_bigalloc: true,
+                    ..Default::default()
+                },
+            ),
+            (
+                FsType::Ext4,
+                FormatOptions {
+                    ext4_cluster_size: Some(65536),
+                    ..Default::default()
+                },
+            ),
+            (
+                FsType::Ext4,
+                FormatOptions {
+                    number_of_inodes: Some(0),
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (fs, options) in cases {
+            assert!(options.validate(fs).is_err(), "{fs:?} {options:?}");
+        }
+        let good = FormatOptions {
+            block_size: Some(4096),
+            inode_size: Some(256),
+            ext4_bigalloc: true,
+            ext4_cluster_size: Some(65536),
+            ..Default::default()
+        };
+        good.validate(FsType::Ext4).unwrap();
+    }
+}

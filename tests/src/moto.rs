@@ -1,0 +1,231 @@
+//! moto server (PyPI `moto[ec2,server]`, a real EC2 Query API
+//! implementation) on 127.0.0.1, one per test, and the controller binary
+//! pointed at it through the SDK's standard endpoint setting.
+#![allow(clippy::expect_used, reason = "test support")]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use ebs_csi_proto::v1::controller_client::ControllerClient;
+use ebs_csi_proto::v1::identity_client::IdentityClient;
+use tonic::transport::Channel;
+
+use crate::{Process, Sandbox, binary, channel, spawn, wait_until};
+
+/// The moto server of a test, killed on drop.
+pub struct Moto {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    port: u16,
+}
+
+/// The virtual environment `make test` installs moto into.
+fn moto_server() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let path = root.join(".venv/bin/moto_server");
+    assert!(
+        path.exists(),
+        "{} is missing: run `make test` (it installs moto)",
+        path.display()
+    );
+    path
+}
+
+impl Moto {
+    /// Starts moto on a free loopback port and waits until it answers.
+    pub fn start() -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let child = Command::new(moto_server())
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto_server");
+        let moto = Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            port,
+        };
+        wait_until("moto to answer", Duration::from_secs(30), || {
+            moto.http("GET", "/moto-api/", "").is_some()
+        });
+        moto
+    }
+
+    /// One HTTP/1.1 request; the body of a 2xx answer, `None` otherwise.
+    pub fn http(&self, method: &str, path: &str, body: &str) -> Option<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/x-www-form-urlencoded\r\n\
+             authorization: AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/ec2/aws4_request\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let ok = response.split(' ').nth(1).is_some_and(|code| code.starts_with('2'));
+        ok.then(|| {
+            response
+                .split_once("\r\n\r\n")
+                .map(|(_, b)| b.to_owned())
+                .unwrap_or_default()
+        })
+    }
+
+    /// An EC2 Query API call in `region`; returns the XML answer.
+    pub fn ec2(&self, region: &str, action: &str, params: &[(&str, &str)]) -> String {
+        let mut body = format!("Action={action}&Version=2016-11-15");
+        for (k, v) in params {
+            body.push_str(&format!("&{k}={v}"));
+        }
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        let request = format!(
+            "POST / HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/x-www-form-urlencoded\r\n\
+             authorization: AWS4-HMAC-SHA256 Credential=testing/20260101/{region}/ec2/aws4_request\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).expect("write");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("read");
+        response
+    }
+
+    /// Launches an instance in `zone` (of `region`) and returns its id.
+    pub fn run_instance(&self, region: &str, zone: &str) -> String {
+        let xml = self.ec2(
+            region,
+            "RunInstances",
+            &[
+                ("ImageId", "ami-03cf127a"),
+                ("MinCount", "1"),
+                ("MaxCount", "1"),
+                ("InstanceType", "m5.large"),
+                ("Placement.AvailabilityZone", zone),
+            ],
+        );
+        xml_values(&xml, "instanceId").into_iter().next().expect("instance id")
+    }
+
+    /// Starts moto's request recorder.
+    pub fn start_recording(&self) {
+        self.http("POST", "/moto-api/recorder/reset-recording", "");
+        self.http("POST", "/moto-api/recorder/start-recording", "")
+            .expect("start recording");
+    }
+
+    /// Stops recording and counts the recorded requests whose body names
+    /// an action starting with `prefix` (e.g. `Describe`).
+    pub fn recorded(&self, prefix: &str) -> usize {
+        self.http("POST", "/moto-api/recorder/stop-recording", "")
+            .expect("stop recording");
+        let log = self
+            .http("GET", "/moto-api/recorder/download-recording", "")
+            .expect("recording");
+        log.lines()
+            .filter_map(|line| line.split("\"body\": \"").nth(1)?.split('"').next().map(base64_decode))
+            .filter(|body| body.starts_with(&format!("Action={prefix}")))
+            .count()
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Decodes standard base64 (the recorder's request bodies), ignoring
+/// padding; invalid characters are skipped.
+fn base64_decode(text: &str) -> String {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'+' => Some(62),
+        b'/' => Some(63),
+        _ => None,
+    };
+    let sextets: Vec<u8> = text.bytes().filter_map(value).collect();
+    let bytes: Vec<u8> = sextets
+        .chunks(4)
+        .flat_map(|chunk| {
+            let n = chunk
+                .iter()
+                .enumerate()
+                .fold(0u32, |acc, (i, s)| acc | (u32::from(*s) << (18 - 6 * i)));
+            let count = chunk.len().saturating_sub(1);
+            n.to_be_bytes()[1..].iter().take(count).copied().collect::<Vec<_>>()
+        })
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Every `<tag>value</tag>` in an XML document, in order.
+pub fn xml_values(xml: &str, tag: &str) -> Vec<String> {
+    let open = format!("<{tag}>");
+    xml.split(&open)
+        .skip(1)
+        .filter_map(|rest| rest.split_once(&format!("</{tag}>")).map(|(v, _)| v.to_owned()))
+        .collect()
+}
+
+/// The controller of a test: the real `ebs-csi-controller` binary against
+/// moto in one region.
+pub struct Controller {
+    /// Its CSI socket.
+    pub socket: PathBuf,
+    /// The process.
+    pub process: Process,
+}
+
+impl Controller {
+    /// Starts the controller against `moto` in `region` with `args`.
+    pub fn start(sandbox: &Sandbox, moto: &Moto, region: &str, args: &[&str]) -> Self {
+        let socket = sandbox.path().join("controller.sock");
+        let mut command = Command::new(binary("ebs-csi-controller"));
+        command
+            .arg("--endpoint")
+            .arg(format!("unix://{}", socket.display()))
+            .args(args)
+            .env("AWS_ENDPOINT_URL_EC2", &moto.endpoint)
+            .env("AWS_REGION", region)
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env_remove("AWS_PROFILE");
+        let process = spawn("controller", command, sandbox.path().join("controller.log"), &socket);
+        Self { socket, process }
+    }
+
+    /// A CSI Controller client.
+    pub async fn client(&self) -> ControllerClient<Channel> {
+        ControllerClient::new(channel(&self.socket).await)
+    }
+
+    /// A CSI Identity client.
+    pub async fn identity(&self) -> IdentityClient<Channel> {
+        IdentityClient::new(channel(&self.socket).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn decodes_base64() {
+        assert_eq!(
+            super::base64_decode("QWN0aW9uPURlc2NyaWJlVm9sdW1lcyZWZXJzaW9uPTIwMTYtMTEtMTU="),
+            "Action=DescribeVolumes&Version=2016-11-15"
+        );
+        assert_eq!(super::base64_decode("YWI="), "ab");
+    }
+}

@@ -1,0 +1,684 @@
+//! The real controller binary against moto server: every RPC, idempotent
+//! repeats and error codes, over the wire.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration tests: a failed step fails the test"
+)]
+
+use std::collections::HashMap;
+
+use ebs_csi_proto::v1::controller_client::ControllerClient;
+use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
+use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+use ebs_csi_proto::v1::*;
+use ebs_csi_tests::Sandbox;
+use ebs_csi_tests::moto::{Controller, Moto, xml_values};
+use tonic::Code;
+use tonic::transport::Channel;
+
+const REGION: &str = "us-east-1";
+const ZONE: &str = "us-east-1a";
+const GIB: i64 = 1 << 30;
+
+struct Setup {
+    moto: Moto,
+    controller: Controller,
+    client: ControllerClient<Channel>,
+    _sandbox: Sandbox,
+}
+
+async fn setup(args: &[&str]) -> Setup {
+    let sandbox = Sandbox::new();
+    let moto = Moto::start();
+    let controller = Controller::start(&sandbox, &moto, REGION, args);
+    let client = controller.client().await;
+    Setup {
+        moto,
+        controller,
+        client,
+        _sandbox: sandbox,
+    }
+}
+
+fn mount() -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+    }
+}
+
+fn block(mode: Mode) -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+        access_type: Some(AccessType::Block(BlockVolume {})),
+    }
+}
+
+fn create_request(name: &str, gib: i64, parameters: &[(&str, &str)]) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: gib * GIB,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![mount()],
+        parameters: parameters
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        accessibility_requirements: Some(TopologyRequirement {
+            requisite: vec![],
+            preferred: vec![Topology {
+                segments: HashMap::from([("topology.kubernetes.io/zone".to_owned(), ZONE.to_owned())]),
+            }],
+        }),
+        ..Default::default()
+    }
+}
+
+async fn create(client: &mut ControllerClient<Channel>, name: &str, gib: i64) -> ebs_csi_proto::v1::Volume {
+    client
+        .create_volume(create_request(name, gib, &[]))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
+    let Setup {
+        moto,
+        mut client,
+        controller: _controller,
+        _sandbox,
+    } = setup(&["--k8s-tag-cluster-id", "test-cluster", "--extra-tags", "team=storage"]).await;
+    let request = create_request(
+        "pvc-a",
+        4,
+        &[
+            ("type", "gp3"),
+            ("csi.storage.k8s.io/fstype", "xfs"),
+            ("blockSize", "4096"),
+            ("tagSpecification_1", "app=shop"),
+        ],
+    );
+    let volume = client
+        .create_volume(request.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert!(volume.volume_id.starts_with("vol-"));
+    assert_eq!(volume.capacity_bytes, 4 * GIB);
+    assert_eq!(
+        volume.accessible_topology[0]
+            .segments
+            .get("topology.ebs.csi.aws.com/zone")
+            .map(String::as_str),
+        Some(ZONE)
+    );
+    assert_eq!(volume.volume_context.get("blocksize").map(String::as_str), Some("4096"));
+    // The same request again: the same volume.
+    let again = client
+        .create_volume(request.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(again.volume_id, volume.volume_id);
+    // The same name with another size: ALREADY_EXISTS.
+    let other = client.create_volume(create_request("pvc-a", 8, &[])).await.unwrap_err();
+    assert_eq!(other.code(), Code::AlreadyExists, "{other:?}");
+    // Tags, as EC2 stores them.
+    let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
+    for (key, value) in [
+        ("CSIVolumeName", "pvc-a"),
+        ("ebs.csi.aws.com/cluster", "true"),
+        ("kubernetes.io/cluster/test-cluster", "owned"),
+        ("team", "storage"),
+        ("app", "shop"),
+    ] {
+        assert!(
+            xml.contains(&format!("<key>{key}</key>")) && xml.contains(&format!("<value>{value}</value>")),
+            "tag {key} missing: {xml}"
+        );
+    }
+    assert_eq!(xml_values(&xml, "volumeType"), vec!["gp3"]);
+    // Get, validate, list with pagination.
+    let got = client
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.volume.unwrap().capacity_bytes, 4 * GIB);
+    assert!(!got.status.unwrap().volume_condition.unwrap().abnormal);
+    let validate = ValidateVolumeCapabilitiesRequest {
+        volume_id: volume.volume_id.clone(),
+        volume_capabilities: vec![mount()],
+        ..Default::default()
+    };
+    assert!(
+        client
+            .validate_volume_capabilities(validate)
+            .await
+            .unwrap()
+            .into_inner()
+            .confirmed
+            .is_some()
+    );
+    let multi = ValidateVolumeCapabilitiesRequest {
+        volume_id: volume.volume_id.clone(),
+        volume_capabilities: vec![block(Mode::MultiNodeMultiWriter)],
+        ..Default::default()
+    };
+    assert!(
+        client
+            .validate_volume_capabilities(multi)
+            .await
+            .unwrap()
+            .into_inner()
+            .confirmed
+            .is_none(),
+        "gp3 has no Multi-Attach"
+    );
+    create(&mut client, "pvc-b", 1).await;
+    create(&mut client, "pvc-c", 1).await;
+    let first = client
+        .list_volumes(ListVolumesRequest {
+            max_entries: 2,
+            starting_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(first.entries.len(), 2);
+    assert!(!first.next_token.is_empty());
+    let rest = client
+        .list_volumes(ListVolumesRequest {
+            max_entries: 2,
+            starting_token: first.next_token,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(rest.entries.len(), 1);
+    assert!(rest.next_token.is_empty());
+    let bad = client
+        .list_volumes(ListVolumesRequest {
+            max_entries: 2,
+            starting_token: "garbage".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::Aborted);
+    // Delete, twice; then it is gone.
+    for _ in 0..2 {
+        client
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: volume.volume_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let gone = client
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn invalid_requests_are_refused_before_ec2_is_called() {
+    let Setup {
+        moto,
+        mut client,
+        controller,
+        _sandbox,
+    } = setup(&[]).await;
+    let cases: Vec<(CreateVolumeRequest, Code)> = vec![
+        (create_request("", 1, &[]), Code::InvalidArgument),
+        (
+            CreateVolumeRequest {
+                volume_capabilities: vec![],
+                ..create_request("x", 1, &[])
+            },
+            Code::InvalidArgument,
+        ),
+        (create_request("x", 1, &[("color", "blue")]), Code::InvalidArgument),
+        (create_request("x", 1, &[("type", "gp9")]), Code::InvalidArgument),
+        (create_request("x", 20_000, &[("type", "gp3")]), Code::OutOfRange),
+        (
+            CreateVolumeRequest {
+                capacity_range: Some(CapacityRange {
+                    required_bytes: GIB,
+                    limit_bytes: 2 * GIB,
+                }),
+                ..create_request("x", 1, &[("type", "st1")])
+            },
+            Code::OutOfRange,
+        ),
+        (create_request("x", 10, &[("type", "io2")]), Code::InvalidArgument),
+        (
+            create_request("x", 10, &[("type", "gp3"), ("iops", "20000")]),
+            Code::InvalidArgument,
+        ),
+        (
+            create_request("x", 10, &[("type", "gp3"), ("throughput", "2000")]),
+            Code::InvalidArgument,
+        ),
+        (
+            create_request("x", 10, &[("tagSpecification_1", "CSIVolumeName=evil")]),
+            Code::InvalidArgument,
+        ),
+        (
+            CreateVolumeRequest {
+                volume_capabilities: vec![block(Mode::MultiNodeMultiWriter)],
+                ..create_request("x", 10, &[("type", "gp3")])
+            },
+            Code::InvalidArgument,
+        ),
+    ];
+    moto.start_recording();
+    for (request, code) in cases {
+        let err = client.create_volume(request.clone()).await.unwrap_err();
+        assert_eq!(err.code(), code, "{:?}: {err:?}", request.parameters);
+    }
+    assert_eq!(moto.recorded("CreateVolume"), 0, "a refused request reached EC2");
+    let missing = CreateVolumeRequest {
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Snapshot(
+                volume_content_source::SnapshotSource {
+                    snapshot_id: "snap-0123456789abcdef0".into(),
+                },
+            )),
+        }),
+        ..create_request("from-missing", 1, &[])
+    };
+    assert_eq!(client.create_volume(missing).await.unwrap_err().code(), Code::NotFound);
+    let capacity = client.get_capacity(GetCapacityRequest::default()).await.unwrap_err();
+    assert_eq!(capacity.code(), Code::Unimplemented);
+    let caps = client
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert!(caps.len() >= 10);
+    let mut identity = controller.identity().await;
+    assert_eq!(
+        identity
+            .get_plugin_info(GetPluginInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .name,
+        "ebs.csi.aws.com"
+    );
+    assert_eq!(
+        identity.probe(ProbeRequest {}).await.unwrap().into_inner().ready,
+        Some(true)
+    );
+    assert_eq!(
+        identity.probe(ProbeRequest {}).await.unwrap().into_inner().ready,
+        Some(true)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn volumes_are_attached_and_detached() {
+    let Setup {
+        moto,
+        mut client,
+        controller: _controller,
+        _sandbox,
+    } = setup(&[]).await;
+    let node = moto.run_instance(REGION, ZONE);
+    let other_node = moto.run_instance(REGION, ZONE);
+    let volume = create(&mut client, "pvc-attach", 2).await;
+    let publish = |node_id: &str| ControllerPublishVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        node_id: node_id.to_owned(),
+        volume_capability: Some(mount()),
+        ..Default::default()
+    };
+    let context = client
+        .controller_publish_volume(publish(&node))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    let device = context.get("devicePath").cloned().unwrap();
+    assert!(device.starts_with("/dev/xvd"), "{device}");
+    let again = client
+        .controller_publish_volume(publish(&node))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    assert_eq!(
+        again.get("devicePath"),
+        Some(&device),
+        "a repeat returns the same device"
+    );
+    let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
+    assert_eq!(xml_values(&xml, "device"), vec![device.clone()]);
+    let elsewhere = client
+        .controller_publish_volume(publish(&other_node))
+        .await
+        .unwrap_err();
+    assert_eq!(elsewhere.code(), Code::FailedPrecondition);
+    assert!(elsewhere.message().contains(&node), "{elsewhere:?}");
+    let status = client
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.status.unwrap().published_node_ids, vec![node.clone()]);
+    let in_use = client
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(in_use.code(), Code::FailedPrecondition);
+    let missing_node = client
+        .controller_publish_volume(publish("i-0000000000000dead"))
+        .await
+        .unwrap_err();
+    assert_eq!(missing_node.code(), Code::NotFound);
+    let unpublish = ControllerUnpublishVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        node_id: node.clone(),
+        ..Default::default()
+    };
+    for _ in 0..2 {
+        client.controller_unpublish_volume(unpublish.clone()).await.unwrap();
+    }
+    let second = create(&mut client, "pvc-attach-2", 2).await;
+    let next = client
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: second.volume_id.clone(),
+            ..publish(&node)
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    assert_ne!(next.get("devicePath"), Some(&device), "device names rotate");
+    client
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_are_created_listed_restored_and_deleted() {
+    let Setup {
+        mut client,
+        moto: _moto,
+        controller: _controller,
+        _sandbox,
+    } = setup(&[]).await;
+    let volume = create(&mut client, "pvc-snap", 3).await;
+    let other = create(&mut client, "pvc-snap-other", 3).await;
+    let request = CreateSnapshotRequest {
+        source_volume_id: volume.volume_id.clone(),
+        name: "snapshot-1".into(),
+        parameters: HashMap::from([
+            (
+                "tagSpecification_1".to_owned(),
+                "origin={{ .VolumeSnapshotName }}".to_owned(),
+            ),
+            (
+                "csi.storage.k8s.io/volumesnapshot/name".to_owned(),
+                "nightly".to_owned(),
+            ),
+        ]),
+        ..Default::default()
+    };
+    let snapshot = client
+        .create_snapshot(request.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert!(snapshot.snapshot_id.starts_with("snap-"));
+    assert_eq!(snapshot.source_volume_id, volume.volume_id);
+    assert_eq!(snapshot.size_bytes, 3 * GIB);
+    assert_eq!(
+        client
+            .create_snapshot(request.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap()
+            .snapshot_id,
+        snapshot.snapshot_id
+    );
+    let conflict = client
+        .create_snapshot(CreateSnapshotRequest {
+            source_volume_id: other.volume_id.clone(),
+            ..request.clone()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(conflict.code(), Code::AlreadyExists);
+    let by_volume = client
+        .list_snapshots(ListSnapshotsRequest {
+            source_volume_id: volume.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(by_volume.entries.len(), 1);
+    let by_id = client
+        .list_snapshots(ListSnapshotsRequest {
+            snapshot_id: snapshot.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        by_id.entries[0].snapshot.as_ref().unwrap().snapshot_id,
+        snapshot.snapshot_id
+    );
+    let restore = CreateVolumeRequest {
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Snapshot(
+                volume_content_source::SnapshotSource {
+                    snapshot_id: snapshot.snapshot_id.clone(),
+                },
+            )),
+        }),
+        ..create_request("pvc-restored", 1, &[])
+    };
+    let restored = client
+        .create_volume(restore)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(restored.capacity_bytes, 3 * GIB, "at least the snapshot's size");
+    assert!(restored.content_source.is_some());
+    let got = client
+        .get_snapshot(GetSnapshotRequest {
+            snapshot_id: snapshot.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(got.into_inner().snapshot.is_some());
+    for _ in 0..2 {
+        client
+            .delete_snapshot(DeleteSnapshotRequest {
+                snapshot_id: snapshot.snapshot_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let empty = client
+        .list_snapshots(ListSnapshotsRequest {
+            snapshot_id: snapshot.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(empty.entries.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn volumes_are_expanded_and_modified_in_one_call() {
+    let Setup {
+        moto,
+        mut client,
+        controller: _controller,
+        _sandbox,
+    } = setup(&["--modify-volume-request-handler-timeout", "300ms"]).await;
+    let volume = create(&mut client, "pvc-grow", 4).await;
+    moto.start_recording();
+    let expand = ControllerExpandVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: 8 * GIB,
+            limit_bytes: 0,
+        }),
+        volume_capability: Some(mount()),
+        ..Default::default()
+    };
+    let modify = ControllerModifyVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        mutable_parameters: HashMap::from([
+            ("type".to_owned(), "io2".to_owned()),
+            ("iops".to_owned(), "400".to_owned()),
+        ]),
+        ..Default::default()
+    };
+    let (mut c1, mut c2) = (client.clone(), client.clone());
+    let (expanded, modified) = tokio::join!(
+        c1.controller_expand_volume(expand.clone()),
+        c2.controller_modify_volume(modify)
+    );
+    let expanded = expanded.unwrap().into_inner();
+    modified.unwrap();
+    assert_eq!(
+        moto.recorded("ModifyVolume"),
+        1,
+        "a resize and a type change make one ModifyVolume"
+    );
+    assert_eq!(expanded.capacity_bytes, 8 * GIB);
+    assert!(expanded.node_expansion_required);
+    let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
+    assert_eq!(xml_values(&xml, "size"), vec!["8"]);
+    assert_eq!(xml_values(&xml, "volumeType"), vec!["io2"]);
+    // A repeat and a no-op send nothing.
+    moto.start_recording();
+    client.controller_expand_volume(expand).await.unwrap();
+    let smaller = ControllerExpandVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: 2 * GIB,
+            limit_bytes: 0,
+        }),
+        ..Default::default()
+    };
+    assert_eq!(
+        client
+            .controller_expand_volume(smaller)
+            .await
+            .unwrap()
+            .into_inner()
+            .capacity_bytes,
+        8 * GIB
+    );
+    assert_eq!(moto.recorded("ModifyVolume"), 0);
+    // Tags through VolumeAttributesClass parameters.
+    let tags = ControllerModifyVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        mutable_parameters: HashMap::from([("tagSpecification_1".to_owned(), "tier=gold".to_owned())]),
+        ..Default::default()
+    };
+    client.controller_modify_volume(tags).await.unwrap();
+    let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
+    assert!(xml.contains("<key>tier</key>"), "{xml}");
+    let unknown = ControllerModifyVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        mutable_parameters: HashMap::from([("encrypted".to_owned(), "true".to_owned())]),
+        ..Default::default()
+    };
+    assert_eq!(
+        client.controller_modify_volume(unknown).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+}
+
+/// Creates and publishes `count` volumes at once; returns the Describe
+/// calls EC2 received.
+async fn describe_calls(batching: &str, count: usize) -> usize {
+    let Setup {
+        moto,
+        client,
+        controller: _controller,
+        _sandbox,
+    } = setup(&["--batching", batching]).await;
+    let nodes = [moto.run_instance(REGION, ZONE), moto.run_instance(REGION, ZONE)];
+    moto.start_recording();
+    let tasks: Vec<_> = (0..count)
+        .map(|i| {
+            let mut client = client.clone();
+            let node = nodes[i % 2].clone();
+            tokio::spawn(async move {
+                let volume = client
+                    .create_volume(create_request(&format!("pvc-{i}"), 1, &[]))
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .volume
+                    .unwrap();
+                let publish = ControllerPublishVolumeRequest {
+                    volume_id: volume.volume_id,
+                    node_id: node,
+                    volume_capability: Some(mount()),
+                    ..Default::default()
+                };
+                client.controller_publish_volume(publish).await.unwrap();
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    moto.recorded("Describe")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn batching_merges_describe_calls() {
+    let with = describe_calls("true", 50).await;
+    let without = describe_calls("false", 50).await;
+    eprintln!("Describe calls for 50 volumes: {with} with batching, {without} without");
+    assert!(with * 2 < without, "{with} with batching vs {without} without");
+}
