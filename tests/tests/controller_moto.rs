@@ -91,12 +91,21 @@ async fn create(client: &mut ControllerClient<Channel>, name: &str, gib: i64) ->
 
 #[tokio::test(flavor = "multi_thread")]
 async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
+    let metrics_address = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
     let Setup {
         moto,
         mut client,
         controller: _controller,
         _sandbox,
-    } = setup(&["--k8s-tag-cluster-id", "test-cluster", "--extra-tags", "team=storage"]).await;
+    } = setup(&[
+        "--k8s-tag-cluster-id",
+        "test-cluster",
+        "--extra-tags",
+        "team=storage",
+        "--http-endpoint",
+        &metrics_address,
+    ])
+    .await;
     let request = create_request(
         "pvc-a",
         4,
@@ -237,6 +246,22 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
         .await
         .unwrap_err();
     assert_eq!(gone.code(), Code::NotFound);
+    let metrics = http_get(&metrics_address, "/metrics");
+    for line in [
+        "aws_ebs_csi_api_request_duration_seconds_count{request=\"CreateVolume\"} 3",
+        "aws_ebs_csi_api_request_errors_total{error=\"NotFound\",request=\"DeleteVolume\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    }
+}
+
+fn http_get(address: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nhost: {address}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -150,6 +150,15 @@ pub enum ModificationState {
     Failed,
 }
 
+/// What EC2's volume status checks say (DescribeVolumeStatus).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeHealth {
+    /// The status is `impaired` (I/O disabled or degraded).
+    pub impaired: bool,
+    /// The status and its failed checks, for the CSI condition message.
+    pub detail: String,
+}
+
 /// Everything CreateVolume needs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CreateVolumeInput {
@@ -252,6 +261,19 @@ pub enum Ec2Error {
 pub trait Ec2: Send + Sync + 'static {
     /// `CreateVolume`.
     fn create_volume(&self, input: CreateVolumeInput) -> impl Future<Output = Result<Volume, Ec2Error>> + Send;
+    /// `CopyVolumes` of one volume: a new volume with the source's data,
+    /// in the source's zone, with `input`'s size, type, performance, tags
+    /// and token.
+    fn copy_volume(
+        &self,
+        source_volume_id: &str,
+        input: CreateVolumeInput,
+    ) -> impl Future<Output = Result<Volume, Ec2Error>> + Send;
+    /// `DescribeVolumeStatus` of one volume; `None` when EC2 reports none.
+    fn describe_volume_status(
+        &self,
+        volume_id: &str,
+    ) -> impl Future<Output = Result<Option<VolumeHealth>, Ec2Error>> + Send;
     /// `DeleteVolume`.
     fn delete_volume(&self, volume_id: &str) -> impl Future<Output = Result<(), Ec2Error>> + Send;
     /// `DescribeVolumes` (all pages).

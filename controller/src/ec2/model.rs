@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::{
     Attachment, AttachmentState, CreateVolumeInput, Ec2, Ec2Error, Instance, Modification, ModificationState,
-    ModifyVolumeInput, Selector, Snapshot, SnapshotState, Tags, Volume, VolumeState,
+    ModifyVolumeInput, Selector, Snapshot, SnapshotState, Tags, Volume, VolumeHealth, VolumeState,
 };
 
 /// How the model behaves.
@@ -25,6 +25,8 @@ pub struct Behaviour {
     pub attach_delay: Option<Duration>,
     /// `detaching` → gone after this long.
     pub detach_delay: Duration,
+    /// DescribeVolumeStatus reports every volume impaired.
+    pub volumes_impaired: bool,
     /// Attachments per instance, root volume included.
     pub attachment_limit: usize,
     /// Device names AttachVolume refuses.
@@ -38,6 +40,7 @@ impl Default for Behaviour {
             creations_fail: false,
             attach_delay: Some(Duration::from_millis(300)),
             detach_delay: Duration::from_millis(300),
+            volumes_impaired: false,
             attachment_limit: 28,
             refused_names: Vec::new(),
         }
@@ -226,6 +229,31 @@ impl Ec2 for Model {
         state.tokens.insert(input.client_token, (request, id.clone()));
         state.volumes.insert(id, (volume.clone(), Instant::now()));
         Ok(volume)
+    }
+
+    async fn copy_volume(&self, source_volume_id: &str, mut input: CreateVolumeInput) -> Result<Volume, Ec2Error> {
+        let zone = {
+            let state = self.call("CopyVolumes")?;
+            state
+                .volumes
+                .get(source_volume_id)
+                .map(|(v, _)| v.zone.clone())
+                .ok_or_else(|| Self::missing(source_volume_id))?
+        };
+        input.zone = zone;
+        self.create_volume(input).await
+    }
+
+    async fn describe_volume_status(&self, volume_id: &str) -> Result<Option<VolumeHealth>, Ec2Error> {
+        let state = self.call("DescribeVolumeStatus")?;
+        let impaired = self.behaviour.volumes_impaired;
+        Ok(state.volumes.contains_key(volume_id).then(|| VolumeHealth {
+            impaired,
+            detail: format!(
+                "volume status {}",
+                if impaired { "impaired; io-enabled: failed" } else { "ok" }
+            ),
+        }))
     }
 
     async fn delete_volume(&self, volume_id: &str) -> Result<(), Ec2Error> {

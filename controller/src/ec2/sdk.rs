@@ -17,13 +17,14 @@ use aws_sdk_ec2::types::{self as sdk, Filter, ResourceType, Tag, TagSpecificatio
 
 use super::{
     Attachment, AttachmentState, CreateVolumeInput, Ec2, Ec2Error, Instance, Modification, ModificationState,
-    ModifyVolumeInput, Selector, Snapshot, SnapshotState, Tags, Volume, VolumeState,
+    ModifyVolumeInput, Selector, Snapshot, SnapshotState, Tags, Volume, VolumeHealth, VolumeState,
 };
 use crate::metrics::ApiMetrics;
 
 /// The mutating APIs that get a retry partition of their own.
-const MUTATING: [&str; 9] = [
+const MUTATING: [&str; 10] = [
     "CreateVolume",
+    "CopyVolumes",
     "DeleteVolume",
     "AttachVolume",
     "DetachVolume",
@@ -226,6 +227,68 @@ impl Ec2 for SdkEc2 {
                     .set_tags(out.tags)
                     .build();
                 Ok(volume(&v))
+            })
+            .await
+    }
+
+    async fn copy_volume(&self, source_volume_id: &str, input: CreateVolumeInput) -> Result<Volume, Ec2Error> {
+        self.metrics
+            .observe("CopyVolumes", async {
+                let out = self
+                    .client("CopyVolumes")
+                    .copy_volumes()
+                    .source_volume_id(source_volume_id)
+                    .size(input.size_gib)
+                    .volume_type(sdk::VolumeType::from(input.volume_type.as_str()))
+                    .set_iops(input.iops)
+                    .set_throughput(input.throughput)
+                    .set_multi_attach_enabled(input.multi_attach.then_some(true))
+                    .client_token(input.client_token)
+                    .tag_specifications(tag_specification(ResourceType::Volume, &input.tags))
+                    .send()
+                    .await
+                    .map_err(classify)?;
+                out.volumes().first().map(volume).ok_or_else(|| Ec2Error::Service {
+                    code: "EmptyResponse".into(),
+                    message: "CopyVolumes returned no volume".into(),
+                })
+            })
+            .await
+    }
+
+    async fn describe_volume_status(&self, volume_id: &str) -> Result<Option<VolumeHealth>, Ec2Error> {
+        self.metrics
+            .observe("DescribeVolumeStatus", async {
+                let out = self
+                    .describe
+                    .describe_volume_status()
+                    .volume_ids(volume_id)
+                    .send()
+                    .await
+                    .map_err(classify)?;
+                Ok(out
+                    .volume_statuses()
+                    .first()
+                    .and_then(|item| item.volume_status())
+                    .map(|info| {
+                        let status = info.status().map(|s| s.as_str().to_owned()).unwrap_or_default();
+                        let failed: Vec<String> = info
+                            .details()
+                            .iter()
+                            .filter(|d| d.status().is_some_and(|s| s != "passed"))
+                            .map(|d| {
+                                format!(
+                                    "{}: {}",
+                                    d.name().map(|n| n.as_str()).unwrap_or_default(),
+                                    d.status().unwrap_or_default()
+                                )
+                            })
+                            .collect();
+                        VolumeHealth {
+                            impaired: status == "impaired",
+                            detail: format!("volume status {status}; {}", failed.join(", ")),
+                        }
+                    }))
             })
             .await
     }

@@ -161,6 +161,7 @@ impl<E: Ec2> Controller for ControllerService<E> {
         Ok(Response::new(ControllerGetCapabilitiesResponse {
             capabilities: [
                 rpc::Type::CreateDeleteVolume,
+                rpc::Type::CloneVolume,
                 rpc::Type::PublishUnpublishVolume,
                 rpc::Type::ListVolumes,
                 rpc::Type::ListVolumesPublishedNodes,

@@ -298,3 +298,49 @@ async fn volumes_without_topology_spread_across_zones() {
     zones.dedup();
     assert_eq!(zones.len(), 3, "{zones:?}");
 }
+
+#[tokio::test]
+async fn volumes_are_cloned_in_the_source_zone_and_status_gives_the_condition() {
+    let (model, service) = controller(Behaviour {
+        volumes_impaired: true,
+        ..Behaviour::default()
+    });
+    let source = create(&service, "pvc-source").await;
+    let clone = CreateVolumeRequest {
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Volume(
+                volume_content_source::VolumeSource {
+                    volume_id: source.clone(),
+                },
+            )),
+        }),
+        accessibility_requirements: None,
+        ..request("pvc-clone", &[], capability(Mode::SingleNodeWriter, false))
+    };
+    let cloned = service.create(clone).await.unwrap().volume.unwrap();
+    assert_eq!(model.calls("CopyVolumes"), 1);
+    assert_eq!(
+        model.volume(&cloned.volume_id).unwrap().zone,
+        model.volume(&source).unwrap().zone
+    );
+    let got = service
+        .get(ControllerGetVolumeRequest { volume_id: source })
+        .await
+        .unwrap();
+    let condition = got.status.unwrap().volume_condition.unwrap();
+    assert!(
+        condition.abnormal && condition.message.contains("impaired"),
+        "{condition:?}"
+    );
+    let missing = CreateVolumeRequest {
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Volume(
+                volume_content_source::VolumeSource {
+                    volume_id: "vol-0000000000000dead".into(),
+                },
+            )),
+        }),
+        ..request("pvc-clone-2", &[], capability(Mode::SingleNodeWriter, false))
+    };
+    assert_eq!(code(service.create(missing).await.unwrap_err()), Code::NotFound);
+}

@@ -139,33 +139,37 @@ impl<E: Ec2> ControllerService<E> {
                 kind.name
             )));
         }
-        let snapshot = match r.volume_content_source.as_ref().and_then(|s| s.r#type.as_ref()) {
-            Some(volume_content_source::Type::Snapshot(s)) => Some(
-                self.describe
-                    .snapshots
-                    .get(required("snapshot_id", &s.snapshot_id)?)
-                    .await?
-                    .ok_or_else(|| ControllerError::NotFound(format!("snapshot {} not found", s.snapshot_id)))?,
-            ),
-            Some(volume_content_source::Type::Volume(_)) => {
-                return Err(ControllerError::Unimplemented(
-                    "cloning volumes is not supported; restore from a snapshot".into(),
-                ));
+        let (snapshot, source) = match r.volume_content_source.as_ref().and_then(|s| s.r#type.as_ref()) {
+            Some(volume_content_source::Type::Snapshot(s)) => {
+                let id = required("snapshot_id", &s.snapshot_id)?;
+                let snapshot = self.describe.snapshots.get(id).await?;
+                (
+                    Some(snapshot.ok_or_else(|| ControllerError::NotFound(format!("snapshot {id} not found")))?),
+                    None,
+                )
             }
-            None => None,
+            Some(volume_content_source::Type::Volume(v)) => {
+                (None, Some(self.existing(required("volume_id", &v.volume_id)?).await?))
+            }
+            None => (None, None),
         };
-        let size_gib = size_gib(
-            r.capacity_range.as_ref(),
-            &kind,
-            snapshot.as_ref().map_or(0, |s| i64::from(s.size_gib)),
-        )?;
+        let at_least = snapshot
+            .as_ref()
+            .map(|s| s.size_gib)
+            .or(source.as_ref().map(|v| v.size_gib))
+            .unwrap_or_default();
+        let size_gib = size_gib(r.capacity_range.as_ref(), &kind, i64::from(at_least))?;
         let iops = kind.resolve_iops(size_gib, p.iops, p.iops_per_gib, p.allow_iops_increase)?;
         kind.check_throughput(p.throughput, iops)?;
         let _guard = self.in_flight.acquire(name)?;
-        let zone = self
-            .zones
-            .pick(r.accessibility_requirements.as_ref(), self.ec2.as_ref())
-            .await?;
+        let zone = match &source {
+            Some(v) => v.zone.clone(),
+            None => {
+                self.zones
+                    .pick(r.accessibility_requirements.as_ref(), self.ec2.as_ref())
+                    .await?
+            }
+        };
         let mut volume_tags = tags::common(self.settings.cluster_id.as_deref(), &self.settings.extra_tags);
         volume_tags.extend(p.tags);
         volume_tags.insert(tags::VOLUME_NAME.to_owned(), name.to_owned());
@@ -199,7 +203,7 @@ impl<E: Ec2> ControllerService<E> {
                     v.id
                 )));
             }
-            None => match self.ec2.create_volume(input).await {
+            None => match self.create_or_copy(source.as_ref(), input).await {
                 Ok(v) => v,
                 Err(Ec2Error::IdempotentParameterMismatch(m)) => {
                     return Err(ControllerError::AlreadyExists(format!(
@@ -218,6 +222,14 @@ impl<E: Ec2> ControllerService<E> {
         Ok(CreateVolumeResponse {
             volume: Some(csi_volume(&volume, context)),
         })
+    }
+
+    /// CreateVolume, or CopyVolumes when the content source is a volume.
+    async fn create_or_copy(&self, source: Option<&Volume>, input: CreateVolumeInput) -> Result<Volume, Ec2Error> {
+        match source {
+            Some(source) => self.ec2.copy_volume(&source.id, input).await,
+            None => self.ec2.create_volume(input).await,
+        }
     }
 
     /// Waits for `available`; a volume that fails is deleted and reported.
@@ -310,10 +322,21 @@ impl<E: Ec2> ControllerService<E> {
         r: ControllerGetVolumeRequest,
     ) -> Result<ControllerGetVolumeResponse, ControllerError> {
         let volume = self.existing(required("volume_id", &r.volume_id)?).await?;
+        let volume_condition = match self.ec2.describe_volume_status(&volume.id).await {
+            Ok(Some(health)) if volume.state != VolumeState::Error => VolumeCondition {
+                abnormal: health.impaired,
+                message: health.detail,
+            },
+            Ok(_) => condition(&volume),
+            Err(e) => {
+                tracing::warn!(volume_id = %volume.id, error = %e, "no volume status; the condition comes from the volume state");
+                condition(&volume)
+            }
+        };
         Ok(ControllerGetVolumeResponse {
             status: Some(controller_get_volume_response::VolumeStatus {
                 published_node_ids: published_nodes(&volume),
-                volume_condition: Some(condition(&volume)),
+                volume_condition: Some(volume_condition),
             }),
             volume: Some(csi_volume(&volume, Default::default())),
         })
