@@ -1,6 +1,6 @@
 //! The CSI Identity service of the node agent.
 
-use ebs_csi_proto::DRIVER_NAME;
+use ebs_csi_proto::endpoint;
 use ebs_csi_proto::v1::identity_server::Identity;
 use ebs_csi_proto::v1::plugin_capability::{self, service};
 use ebs_csi_proto::v1::{
@@ -30,11 +30,7 @@ impl Identity for IdentityService {
         &self,
         _: Request<GetPluginInfoRequest>,
     ) -> Result<Response<GetPluginInfoResponse>, Status> {
-        Ok(Response::new(GetPluginInfoResponse {
-            name: DRIVER_NAME.to_owned(),
-            vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
-            manifest: Default::default(),
-        }))
+        Ok(Response::new(endpoint::plugin_info(env!("CARGO_PKG_VERSION"))))
     }
 
     async fn get_plugin_capabilities(

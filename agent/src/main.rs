@@ -81,7 +81,7 @@ async fn main() -> anyhow::Result<()> {
         print!("{}", devices::table(&devices::list(&args.sys_dir, &args.dev_dir)));
         return Ok(());
     }
-    let socket = server::socket_path(&args.endpoint)?;
+    let socket = ebs_csi_proto::endpoint::socket_path(&args.endpoint)?;
     let flags = MetadataFlags {
         instance_id: args.node_id,
         availability_zone: args.availability_zone,
@@ -101,19 +101,6 @@ async fn main() -> anyhow::Result<()> {
         max_volumes,
         Duration::from_secs(args.device_wait_seconds),
     );
-    server::serve(&socket, IdentityService::new(helper), node, shutdown_signal()).await?;
+    server::serve(&socket, IdentityService::new(helper), node).await?;
     Ok(())
-}
-
-/// Completes on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    tracing::info!("shutting down");
 }

@@ -11,16 +11,14 @@ mod tags;
 mod volume_type;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use ebs_csi_proto::endpoint;
 use ebs_csi_proto::v1::controller_server::ControllerServer;
 use ebs_csi_proto::v1::identity_server::IdentityServer;
-use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::ec2::batch::BatchConfig;
 use crate::ec2::sdk::SdkEc2;
@@ -85,7 +83,7 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
-    let socket = socket_path(&args.endpoint)?;
+    let socket = endpoint::socket_path(&args.endpoint)?;
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
     if let Some(region) = args.region {
         loader = loader.region(aws_config::Region::new(region));
@@ -111,37 +109,12 @@ async fn main() -> anyhow::Result<()> {
         modify_window: args.modify_volume_request_handler_timeout,
         ..Settings::default()
     };
-    match std::fs::remove_file(&socket) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e).context("removing the stale socket"),
-        _ => {}
-    }
-    let listener = UnixListener::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
+    let incoming = endpoint::bind(&socket).with_context(|| format!("listening on {}", socket.display()))?;
     tracing::info!(socket = %socket.display(), region = ?config.region(), "serving CSI Identity and Controller");
     tonic::transport::Server::builder()
         .add_service(IdentityServer::new(IdentityService::new(Arc::clone(&ec2))))
         .add_service(ControllerServer::new(ControllerService::new(ec2, settings)))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown_signal())
+        .serve_with_incoming_shutdown(incoming, endpoint::shutdown_signal())
         .await?;
     Ok(())
-}
-
-fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {
-    endpoint
-        .strip_prefix("unix://")
-        .or_else(|| endpoint.strip_prefix("unix:"))
-        .filter(|p| p.starts_with('/'))
-        .map(PathBuf::from)
-        .with_context(|| format!("endpoint {endpoint:?} is not unix:///absolute/path"))
-}
-
-/// Completes on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }

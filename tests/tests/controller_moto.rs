@@ -91,7 +91,11 @@ async fn create(client: &mut ControllerClient<Channel>, name: &str, gib: i64) ->
 
 #[tokio::test(flavor = "multi_thread")]
 async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
-    let metrics_address = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let metrics_address = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
     let Setup {
         moto,
         mut client,

@@ -7,6 +7,7 @@
 //! the generated code, and prost's derived `Debug` prints them: never log a
 //! request with `{:?}`.
 
+pub mod endpoint;
 pub mod inflight;
 
 /// Package `csi.v1`, generated at build time from `csi.proto`.
