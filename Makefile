@@ -12,7 +12,7 @@ export CARGO_BUILD_JOBS ?= 2
 MOTO_SPEC := moto[ec2,server]>=5.1,<6
 VENV := .venv
 
-.PHONY: all build test deps moto lint fmt clean
+.PHONY: all build test demo deps moto lint fmt clean
 
 all: build
 
@@ -52,3 +52,8 @@ fmt:
 
 clean:
 	$(CARGO) clean
+
+## demo: the whole volume lifecycle on this machine (needs root).
+demo: deps moto
+	$(CARGO) build --release --workspace --bins
+	$(CARGO) run --quiet --release --bin ebs-csi-demo

@@ -18,6 +18,8 @@ use ebs_csi_helper_proto::{ClientError, HelperClient, Reply, Request};
 use ebs_csi_proto::v1::node_client::NodeClient;
 use tonic::transport::{Channel, Endpoint};
 
+pub mod attach_sim;
+pub mod lifecycle;
 pub mod loopdev;
 pub mod moto;
 
@@ -35,11 +37,17 @@ pub fn require_root() -> bool {
     root
 }
 
-/// Path of a binary of this workspace, built next to the test executable
-/// (`make test` builds every binary first).
+/// Path of a binary of this workspace, built next to the running
+/// executable (a test in `target/<profile>/deps`, or the demo in
+/// `target/<profile>`; `make test` builds every binary first).
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let dir = exe.parent().expect("exe dir");
+    let dir = if dir.ends_with("deps") {
+        dir.parent().expect("target dir")
+    } else {
+        dir
+    };
     let path = dir.join(name);
     assert!(
         path.exists(),
@@ -104,11 +112,28 @@ impl Sandbox {
 
     /// Creates `<sandbox>/<rel>` (and parents), mode 0755.
     pub fn mkdir(&self, rel: &str) -> PathBuf {
-        let path = self.path().join(rel);
-        std::fs::create_dir_all(&path).expect("mkdir");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        path
+        make_dir(&self.path().join(rel))
     }
+}
+
+/// Creates `path` (and parents), mode 0755, and returns it.
+pub fn make_dir(path: &Path) -> PathBuf {
+    std::fs::create_dir_all(path).expect("mkdir");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path.to_owned()
+}
+
+/// Whether this process may grow ext4 online (`CAP_SYS_RESOURCE`, which
+/// `ext4_resize_begin` requires; some sandboxes withhold it even from root).
+pub fn has_cap_sys_resource() -> bool {
+    const CAP_SYS_RESOURCE: u32 = 24;
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .unwrap_or("0")
+        .trim();
+    u64::from_str_radix(effective, 16).unwrap_or(0) & (1 << CAP_SYS_RESOURCE) != 0
 }
 
 impl Default for Sandbox {
@@ -127,6 +152,7 @@ impl Drop for Sandbox {
         for mount in mounts {
             let _ = rustix::mount::unmount(mount.as_str(), rustix::mount::UnmountFlags::DETACH);
         }
+        loopdev::detach_under(self.path());
     }
 }
 
@@ -167,7 +193,16 @@ impl Process {
 }
 
 impl Drop for Process {
+    /// SIGTERM first, so a process can clean up (the attach simulator
+    /// detaches its loop devices), SIGKILL after 5 s.
     fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(i32::try_from(self.child.id()).unwrap_or_default()) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
@@ -176,7 +211,9 @@ impl Drop for Process {
     }
 }
 
-fn spawn(name: &'static str, mut command: Command, log: PathBuf, socket: &Path) -> Process {
+/// Starts `command` with stderr to `log` and waits until `ready` exists
+/// (its socket, or a file it writes when it runs).
+pub fn spawn(name: &'static str, mut command: Command, log: PathBuf, ready: &Path) -> Process {
     let file = std::fs::File::create(&log).expect("log file");
     let child = command
         .stdin(Stdio::null())
@@ -184,12 +221,20 @@ fn spawn(name: &'static str, mut command: Command, log: PathBuf, socket: &Path) 
         .stderr(file)
         .spawn()
         .expect("spawn");
-    let process = Process { child, name, log };
-    wait_until(
-        &format!("{name} socket {}", socket.display()),
-        Duration::from_secs(20),
-        || socket.exists(),
-    );
+    let mut process = Process { child, name, log };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !ready.exists() {
+        if let Ok(Some(status)) = process.child.try_wait() {
+            panic!("{name} exited ({status}) before it was ready:\n{}", process.log());
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {name} ({})\n{}",
+            ready.display(),
+            process.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     process
 }
 
@@ -205,7 +250,12 @@ impl Helper {
     /// Starts the helper with `--allow-loop-devices`, allowing the agent
     /// uid and the sandbox's kubelet directory, plus `extra` arguments.
     pub fn start(sandbox: &Sandbox, extra: &[&str]) -> Self {
-        let socket = sandbox.path().join("helper/helper.sock");
+        Self::start_in(sandbox.path(), extra)
+    }
+
+    /// [`Helper::start`] for the sandbox at `dir`.
+    pub fn start_in(dir: &Path, extra: &[&str]) -> Self {
+        let socket = dir.join("helper/helper.sock");
         let mut command = Command::new(binary("ebs-csi-helper"));
         command
             .arg("--socket")
@@ -217,10 +267,10 @@ impl Helper {
                 &AGENT_UID.to_string(),
                 "--allowed-root",
             ])
-            .arg(sandbox.kubelet())
+            .arg(make_dir(&dir.join("kubelet")))
             .arg("--allow-loop-devices")
             .args(extra);
-        let process = spawn("helper", command, sandbox.path().join("helper.log"), &socket);
+        let process = spawn("helper", command, dir.join("helper.log"), &socket);
         Self { socket, process }
     }
 
@@ -286,7 +336,12 @@ impl Agent {
     /// Starts the agent as [`AGENT_UID`] against `helper`, with `--dev-dir`
     /// pointing at the sandbox's device tree, `args` and environment `env`.
     pub fn spawn(sandbox: &Sandbox, helper: &Helper, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let run = sandbox.mkdir("agent");
+        Self::spawn_in(sandbox.path(), &helper.socket, args, env)
+    }
+
+    /// [`Agent::spawn`] for the sandbox at `dir` and the helper at `helper_socket`.
+    pub fn spawn_in(dir: &Path, helper_socket: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let run = make_dir(&dir.join("agent"));
         std::os::unix::fs::chown(&run, Some(AGENT_UID), Some(AGENT_UID)).expect("chown");
         let socket = run.join("csi.sock");
         let mut command = Command::new(binary("ebs-csi-agent"));
@@ -294,14 +349,14 @@ impl Agent {
             .arg("--endpoint")
             .arg(format!("unix://{}", socket.display()))
             .arg("--helper-socket")
-            .arg(&helper.socket)
+            .arg(helper_socket)
             .arg("--dev-dir")
-            .arg(sandbox.dev_dir())
+            .arg(make_dir(&dir.join("dev")))
             .args(args)
             .envs(env.iter().copied())
             .uid(AGENT_UID)
             .gid(AGENT_UID);
-        let process = spawn("agent", command, sandbox.path().join("agent.log"), &socket);
+        let process = spawn("agent", command, dir.join("agent.log"), &socket);
         Self { socket, process }
     }
 

@@ -100,6 +100,23 @@ fn attach(file: &Path, args: &[&str]) -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
+/// Detaches every loop device whose backing file lies beneath `dir`
+/// (clean-up after a failed or interrupted run).
+pub fn detach_under(dir: &Path) {
+    let Ok(devices) = std::fs::read_dir("/sys/block") else {
+        return;
+    };
+    for device in devices.flatten() {
+        let backing = std::fs::read_to_string(device.path().join("loop/backing_file")).unwrap_or_default();
+        if !backing.is_empty() && Path::new(backing.trim_end().trim_end_matches(" (deleted)")).starts_with(dir) {
+            let _ = Command::new("losetup")
+                .arg("-d")
+                .arg(Path::new("/dev").join(device.file_name()))
+                .status();
+        }
+    }
+}
+
 /// Runs a command and asserts it succeeds; returns stdout.
 pub fn run(program: &str, args: &[&str]) -> String {
     let out = Command::new(program).args(args).output().expect(program);

@@ -170,6 +170,18 @@ fn base64_decode(text: &str) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// Points the AWS SDK of a child process at moto: the standard endpoint
+/// setting, a region, static test credentials, no IMDS.
+pub fn aws_env(command: &mut Command, endpoint: &str, region: &str) {
+    command
+        .env("AWS_ENDPOINT_URL_EC2", endpoint)
+        .env("AWS_REGION", region)
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env_remove("AWS_PROFILE");
+}
+
 /// Every `<tag>value</tag>` in an XML document, in order.
 pub fn xml_values(xml: &str, tag: &str) -> Vec<String> {
     let open = format!("<{tag}>");
@@ -191,19 +203,20 @@ pub struct Controller {
 impl Controller {
     /// Starts the controller against `moto` in `region` with `args`.
     pub fn start(sandbox: &Sandbox, moto: &Moto, region: &str, args: &[&str]) -> Self {
-        let socket = sandbox.path().join("controller.sock");
+        Self::start_in(sandbox.path(), &moto.endpoint, region, args)
+    }
+
+    /// [`Controller::start`] for the sandbox at `dir` and the EC2 endpoint
+    /// `endpoint`.
+    pub fn start_in(dir: &Path, endpoint: &str, region: &str, args: &[&str]) -> Self {
+        let socket = dir.join("controller.sock");
         let mut command = Command::new(binary("ebs-csi-controller"));
         command
             .arg("--endpoint")
             .arg(format!("unix://{}", socket.display()))
-            .args(args)
-            .env("AWS_ENDPOINT_URL_EC2", &moto.endpoint)
-            .env("AWS_REGION", region)
-            .env("AWS_ACCESS_KEY_ID", "testing")
-            .env("AWS_SECRET_ACCESS_KEY", "testing")
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env_remove("AWS_PROFILE");
-        let process = spawn("controller", command, sandbox.path().join("controller.log"), &socket);
+            .args(args);
+        aws_env(&mut command, endpoint, region);
+        let process = spawn("controller", command, dir.join("controller.log"), &socket);
         Self { socket, process }
     }
 

@@ -276,7 +276,7 @@ async fn expand_grows_the_filesystem_online() {
             volume_capability: Some(cap),
             ..Default::default()
         };
-        if fs_type == "ext4" && !has_cap_sys_resource() {
+        if fs_type == "ext4" && !ebs_csi_tests::has_cap_sys_resource() {
             // Online ext4 growth needs CAP_SYS_RESOURCE (ext4_resize_begin);
             // some sandboxes withhold it even from root.
             let err = node.client.node_expand_volume(request).await.unwrap_err();
@@ -306,13 +306,6 @@ async fn expand_grows_the_filesystem_online() {
         node.unpublish(volume_id).await.unwrap();
         node.unstage(volume_id).await.unwrap();
     }
-}
-
-fn has_cap_sys_resource() -> bool {
-    const CAP_SYS_RESOURCE: u32 = 24;
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let effective = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim();
-    u64::from_str_radix(effective, 16).unwrap() & (1 << CAP_SYS_RESOURCE) != 0
 }
 
 #[tokio::test(flavor = "multi_thread")]
