@@ -12,7 +12,7 @@ export CARGO_BUILD_JOBS ?= 2
 MOTO_SPEC := moto[ec2,server]>=5.1,<6
 VENV := .venv
 
-.PHONY: all build test demo deps moto lint fmt clean
+.PHONY: all build test demo deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean
 
 all: build
 
@@ -42,6 +42,24 @@ build:
 test: deps moto
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
+	$(MAKE) --no-print-directory fuzz-smoke
+
+# cargo fuzz needs nightly-only compiler flags; RUSTC_BOOTSTRAP lets the
+# machine's stable toolchain accept them (no other toolchain can be fetched).
+FUZZ := cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run request corpus/request seeds/request --
+
+fuzz-tools:
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install --quiet --locked cargo-fuzz
+
+## fuzz: fuzz the helper's frame decoder and request validation for 10 minutes.
+fuzz: fuzz-tools
+	@mkdir -p fuzz/corpus/request
+	$(FUZZ) -max_total_time=600
+
+## fuzz-smoke: the short bounded run inside `make test`.
+fuzz-smoke: fuzz-tools
+	@mkdir -p fuzz/corpus/request
+	$(FUZZ) -runs=20000 -max_total_time=60
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -2,15 +2,20 @@
 //!
 //! Only tools from a fixed table, by absolute path, with arguments the
 //! caller built from validated types; no shell, an empty environment,
-//! stdin from `/dev/null`. Every fd the helper opens is close-on-exec, so
-//! children inherit only stdio.
+//! stdin from `/dev/null`, and no descriptor beyond stdio (the child
+//! closes the rest before it execs). Tools run from the executor thread,
+//! started before the seccomp filter is installed on the serving threads,
+//! so the filter binds the helper and not the tools.
 
+use std::io;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
 
 use ebs_csi_helper_proto::HelperError;
 
 use crate::error::system;
+use crate::sys;
 
 /// The programs the helper may run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,46 +67,89 @@ impl Tool {
     }
 }
 
-/// Runs `tool` with `args` and returns its output, whatever its exit status.
-///
-/// # Errors
-/// [`HelperError::System`] when the tool is missing or cannot be started.
-pub fn run(tool: Tool, args: &[&str]) -> Result<Output, HelperError> {
-    let path = tool.path()?;
-    tracing::info!(tool = %path, ?args, "exec");
-    Command::new(&path)
-        .args(args)
-        .env_clear()
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .output()
-        .map_err(|e| system(format!("starting {path}"), e))
+struct Job {
+    path: String,
+    args: Vec<String>,
+    reply: mpsc::Sender<io::Result<Output>>,
 }
 
-/// Runs `tool` and requires exit status 0.
-///
-/// # Errors
-/// As [`run`], plus [`HelperError::ToolFailed`] with the exit status and
-/// the end of stderr.
-pub fn run_checked(tool: Tool, args: &[&str]) -> Result<Output, HelperError> {
-    let output = run(tool, args)?;
-    if output.status.success() {
-        return Ok(output);
+/// A handle to the executor thread.
+#[derive(Clone, Debug)]
+pub struct Executor {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl Executor {
+    /// Starts the executor thread. Call it before installing the seccomp
+    /// filter: the thread, and so every tool, stays unfiltered.
+    ///
+    /// # Errors
+    /// The error spawning the thread.
+    pub fn start() -> io::Result<Self> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        std::thread::Builder::new().name("executor".into()).spawn(move || {
+            for job in queue {
+                let mut command = Command::new(&job.path);
+                command
+                    .args(&job.args)
+                    .env_clear()
+                    .current_dir("/")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                sys::close_fds_on_exec(&mut command);
+                let _ = job.reply.send(command.output());
+            }
+        })?;
+        Ok(Self { jobs })
     }
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let tail: String = stderr
-        .trim()
-        .chars()
-        .rev()
-        .take(400)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
-    Err(HelperError::ToolFailed {
-        tool: tool.path()?,
-        detail: format!("{}: {tail}", output.status),
-    })
+
+    /// Runs `tool` with `args` and returns its output, whatever its exit
+    /// status.
+    ///
+    /// # Errors
+    /// [`HelperError::System`] when the tool is missing or cannot be started.
+    pub fn run(&self, tool: Tool, args: &[&str]) -> Result<Output, HelperError> {
+        let path = tool.path()?;
+        tracing::info!(tool = %path, ?args, "exec");
+        let (reply, answer) = mpsc::channel();
+        let job = Job {
+            path: path.clone(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            reply,
+        };
+        self.jobs
+            .send(job)
+            .map_err(|_| system("exec", "the executor thread is gone"))?;
+        answer
+            .recv()
+            .map_err(|_| system("exec", "the executor thread is gone"))?
+            .map_err(|e| system(format!("starting {path}"), e))
+    }
+
+    /// Runs `tool` and requires exit status 0.
+    ///
+    /// # Errors
+    /// As [`Executor::run`], plus [`HelperError::ToolFailed`] with the exit
+    /// status and the end of stderr.
+    pub fn run_checked(&self, tool: Tool, args: &[&str]) -> Result<Output, HelperError> {
+        let output = self.run(tool, args)?;
+        if output.status.success() {
+            return Ok(output);
+        }
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let tail: String = stderr
+            .trim()
+            .chars()
+            .rev()
+            .take(400)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        Err(HelperError::ToolFailed {
+            tool: tool.path()?,
+            detail: format!("{}: {tail}", output.status),
+        })
+    }
 }

@@ -9,7 +9,7 @@
 
 use ebs_csi_helper_proto::{FormatOptions, FsType, HelperError};
 
-use crate::exec::{self, Tool};
+use crate::exec::{Executor, Tool};
 
 /// What a device holds, according to `blkid -p`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,8 +28,8 @@ pub enum Contents {
 /// # Errors
 /// [`HelperError::ToolFailed`] when blkid fails or is ambivalent (exit
 /// status other than 0, or 2 meaning "nothing found").
-pub fn probe(device: &str) -> Result<Contents, HelperError> {
-    let output = exec::run(Tool::Blkid, &["-p", "-o", "export", "--", device])?;
+pub fn probe(executor: &Executor, device: &str) -> Result<Contents, HelperError> {
+    let output = executor.run(Tool::Blkid, &["-p", "-o", "export", "--", device])?;
     match output.status.code() {
         Some(0) => Ok(parse_blkid(&String::from_utf8_lossy(&output.stdout))),
         Some(2) => Ok(Contents::Blank),
@@ -107,10 +107,10 @@ pub fn mkfs_command(fs: FsType, options: &FormatOptions, device: &str) -> (Tool,
 ///
 /// # Errors
 /// [`HelperError::ToolFailed`] when mkfs fails.
-pub fn format(fs: FsType, options: &FormatOptions, device: &str) -> Result<(), HelperError> {
+pub fn format(executor: &Executor, fs: FsType, options: &FormatOptions, device: &str) -> Result<(), HelperError> {
     let (tool, args) = mkfs_command(fs, options, device);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    exec::run_checked(tool, &args).map(drop)
+    executor.run_checked(tool, &args).map(drop)
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use rustix::mount::MountFlags;
 
 use crate::device::{self, IdentityPolicy, VerifiedDevice};
 use crate::error::system;
-use crate::exec::{self, Tool};
+use crate::exec::{Executor, Tool};
 use crate::format::{self, Contents};
 use crate::mount::{self, Node};
 use crate::mountinfo::{self, MountEntry};
@@ -24,12 +24,18 @@ use crate::path::{AllowedRoots, SafePath, open_beneath};
 pub struct Handler {
     roots: AllowedRoots,
     policy: IdentityPolicy,
+    executor: Executor,
 }
 
 impl Handler {
-    /// A handler that acts beneath `roots` on devices `policy` accepts.
-    pub fn new(roots: AllowedRoots, policy: IdentityPolicy) -> Self {
-        Self { roots, policy }
+    /// A handler that acts beneath `roots` on devices `policy` accepts,
+    /// running tools through `executor`.
+    pub fn new(roots: AllowedRoots, policy: IdentityPolicy, executor: Executor) -> Self {
+        Self {
+            roots,
+            policy,
+            executor,
+        }
     }
 
     /// Performs `request`.
@@ -66,11 +72,11 @@ impl Handler {
                 Err(already_mounted(&staging, &node))
             };
         }
-        match format::probe(&device.path)? {
+        match format::probe(&self.executor, &device.path)? {
             Contents::Blank => {
                 device.recheck()?;
                 tracing::info!(volume_id = %r.volume_id, device = %device.path, fs_type = r.fs_type.name(), "format");
-                format::format(r.fs_type, &r.format, &device.path)?;
+                format::format(&self.executor, r.fs_type, &r.format, &device.path)?;
             }
             Contents::Filesystem(found) if found == r.fs_type.name() => {}
             Contents::Filesystem(found) | Contents::Other(found) => {
@@ -218,8 +224,8 @@ impl Handler {
         device.recheck()?;
         tracing::info!(volume_id = %r.volume_id, device = %device.path, volume_path = %r.volume_path, "grow filesystem");
         match fs_type {
-            FsType::Xfs => exec::run_checked(Tool::XfsGrowfs, &[r.volume_path.as_str()])?,
-            _ => exec::run_checked(Tool::Resize2fs, &[device.path.as_str()])?,
+            FsType::Xfs => self.executor.run_checked(Tool::XfsGrowfs, &[r.volume_path.as_str()])?,
+            _ => self.executor.run_checked(Tool::Resize2fs, &[device.path.as_str()])?,
         };
         Ok(Reply::Expanded {
             size_bytes: device.size_bytes()?,

@@ -13,6 +13,7 @@ mod error;
 pub mod exec;
 pub mod format;
 pub mod handler;
+pub mod harden;
 pub mod mount;
 pub mod mountinfo;
 pub mod nvme;
@@ -21,4 +22,4 @@ pub mod path;
 pub mod server;
 mod sys;
 
-pub use sys::listener_from_systemd;
+pub use sys::{clear_environment, close_inherited_fds, listener_from_systemd};

@@ -9,7 +9,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use ebs_csi_helper::device::IdentityPolicy;
+use ebs_csi_helper::exec::Executor;
 use ebs_csi_helper::handler::Handler;
+use ebs_csi_helper::harden;
 use ebs_csi_helper::path::AllowedRoots;
 use ebs_csi_helper::server::{self, ServerConfig};
 
@@ -46,22 +48,39 @@ struct Args {
     io_timeout_seconds: u64,
 }
 
+/// Start-up, in the order of `docs/helper.md`.
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // 1. Take the systemd socket, if any; close every other inherited fd.
+    let activated = ebs_csi_helper::listener_from_systemd();
+    ebs_csi_helper::close_inherited_fds(activated.is_some()).context("closing inherited descriptors")?;
+    // 2. Clear the environment (nothing below reads it).
+    ebs_csi_helper::clear_environment();
+    // 3. The audit log: structured lines on stderr.
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
         .init();
+    // 4. Open the allowed roots; every path is resolved beneath these fds.
     let roots = AllowedRoots::open(&args.allowed_roots).context("opening the allowed roots")?;
-    let listener = match ebs_csi_helper::listener_from_systemd() {
+    // 5. Bind the socket (owner root, the agent's group, mode 0660).
+    let listener = match activated {
         Some(listener) => listener,
         None => bind(&args.socket, args.socket_group)?,
     };
+    // 6. Keep only CAP_SYS_ADMIN and CAP_SYS_RESOURCE; no new privileges.
+    harden::reduce_capabilities().context("reducing capabilities")?;
+    harden::forbid_new_privileges().context("setting no_new_privs")?;
+    // 7. The executor thread (tools run from it, outside the filter), then
+    //    the seccomp allowlist on the serving thread and its children.
+    let executor = Executor::start().context("starting the executor thread")?;
+    harden::install_seccomp().context("installing the seccomp filter")?;
     let handler = Arc::new(Handler::new(
         roots,
         IdentityPolicy {
             allow_loop_devices: args.allow_loop_devices,
         },
+        executor,
     ));
     let config = ServerConfig {
         allowed_uids: args.allowed_uids,
@@ -69,6 +88,7 @@ fn main() -> anyhow::Result<()> {
         io_timeout: Duration::from_secs(args.io_timeout_seconds),
     };
     tracing::info!(socket = %args.socket.display(), allowed_uids = ?config.allowed_uids, allowed_roots = ?args.allowed_roots, allow_loop_devices = args.allow_loop_devices, "serving");
+    // 8. Serve.
     server::serve(&listener, handler, &config).context("serving")
 }
 

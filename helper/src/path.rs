@@ -144,7 +144,7 @@ impl SafePath<'_> {
     /// [`HelperError::PathRefused`].
     pub fn open_parent(&self, create: bool) -> Result<OwnedFd, HelperError> {
         let parents = &self.below[..self.below.len() - 1];
-        let mut dir = rustix::io::dup(&self.root.dir).map_err(|e| self.error(e.into()))?;
+        let mut dir = rustix::io::fcntl_dupfd_cloexec(&self.root.dir, 0).map_err(|e| self.error(e.into()))?;
         for name in parents {
             dir = match open_beneath(&dir, name) {
                 Err(e) if e.kind() == io::ErrorKind::NotFound && create => {

@@ -1,10 +1,14 @@
-//! Every `unsafe` block of the project: the NVMe admin ioctl and taking
-//! ownership of a socket inherited from systemd.
+//! Every `unsafe` block of the project: the NVMe admin ioctl, taking
+//! ownership of a socket inherited from systemd, closing inherited
+//! descriptors and clearing the environment at start, and closing
+//! descriptors in a child before it execs a tool.
 #![allow(unsafe_code)]
 
 use std::io;
 use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
 
 use rustix::ioctl::{Opcode, Updater, ioctl, opcode};
 
@@ -72,6 +76,51 @@ pub fn listener_from_systemd() -> Option<UnixListener> {
     let fd = unsafe { OwnedFd::from_raw_fd(SD_LISTEN_FDS_START) };
     rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC).ok()?;
     Some(UnixListener::from(fd))
+}
+
+/// Closes every descriptor from `first` up (`close_range(2)`, Linux
+/// ≥ 5.9).
+fn close_from(first: u32) -> io::Result<()> {
+    // SAFETY: close_range takes plain integers and touches no memory; the
+    // callers guarantee nothing in this process owns the descriptors
+    // closed (see `close_inherited_fds` and `close_fds_on_exec`).
+    let result = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Closes every descriptor the process inherited beyond stdio — and
+/// beyond fd 3 when `keep_listen_fd` (the systemd socket). Must run first
+/// in `main`, before anything opens a descriptor.
+///
+/// # Errors
+/// The close_range error.
+pub fn close_inherited_fds(keep_listen_fd: bool) -> io::Result<()> {
+    close_from(if keep_listen_fd { 4 } else { 3 })
+}
+
+/// Removes every environment variable. Must run in `main` before any
+/// other thread exists.
+pub fn clear_environment() {
+    for (key, _) in std::env::vars_os() {
+        // SAFETY: called from `main` before the helper starts any thread,
+        // so no other thread can read the environment concurrently.
+        unsafe { std::env::remove_var(key) };
+    }
+}
+
+/// Makes `command`'s child close every descriptor beyond stdio before it
+/// execs, whatever the parent has open.
+pub(crate) fn close_fds_on_exec(command: &mut Command) {
+    // SAFETY: the closure runs in the child between fork and exec, where
+    // only async-signal-safe calls are allowed; it makes one raw syscall
+    // and allocates nothing.
+    unsafe {
+        command.pre_exec(|| close_from(3));
+    }
 }
 
 #[cfg(test)]

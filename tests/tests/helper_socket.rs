@@ -56,3 +56,42 @@ fn serves_a_systemd_activated_socket() {
         "the helper bound its own socket"
     );
 }
+
+#[test]
+fn the_helper_runs_with_least_privilege() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = ebs_csi_tests::Helper::start(&sandbox, &[]);
+    let pid = helper.process.pid();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    // CAP_SYS_ADMIN (21) and CAP_SYS_RESOURCE (24), where the machine grants them.
+    let allowed: u64 = (1 << 21) | (1 << 24);
+    for set in ["CapEff:", "CapPrm:", "CapBnd:"] {
+        let bits = u64::from_str_radix(&field(set), 16).unwrap();
+        assert_eq!(
+            bits & !allowed,
+            0,
+            "{set} {bits:x} holds more than CAP_SYS_ADMIN and CAP_SYS_RESOURCE"
+        );
+        assert_ne!(bits & (1 << 21), 0, "{set} lost CAP_SYS_ADMIN");
+    }
+    assert_eq!(u64::from_str_radix(&field("CapInh:"), 16).unwrap(), 0);
+    assert_eq!(u64::from_str_radix(&field("CapAmb:"), 16).unwrap(), 0);
+    assert_eq!(field("NoNewPrivs:"), "1");
+    assert_eq!(field("Seccomp:"), "2", "the serving thread runs under a seccomp filter");
+    let fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .map(|e| std::fs::read_link(e.unwrap().path()).unwrap().display().to_string())
+        .collect();
+    assert!(fds.len() <= 6, "unexpected descriptors: {fds:?}");
+}

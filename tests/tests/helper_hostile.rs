@@ -1,0 +1,413 @@
+//! More than 200 hostile requests against a running helper: each is
+//! refused, nothing on the system changes, and the helper keeps serving.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration tests: a failed step fails the test"
+)]
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ebs_csi_helper_proto::{
+    ExpandRequest, FormatOptions, FsType, HelperClient, MAX_FRAME_BYTES, PublishRequest, PublishSource, Reply, Request,
+    RequestFrame, Response, StageRequest, UnpublishRequest, UnstageRequest, VolumeId, read_frame, write_frame,
+};
+use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, ebs_csi_mounts, require_root, run_as};
+
+const VOLUME: &str = "vol-0aaaaaaaaaaaaaaa1";
+
+/// Mount points outside every test sandbox: what a hostile request must
+/// never change (tests running in parallel only mount inside their own).
+fn host_mounts() -> BTreeSet<String> {
+    ebs_csi_mounts()
+        .into_iter()
+        .filter(|m| !m.starts_with("/tmp/ebs-csi-test-"))
+        .collect()
+}
+
+fn volume_id() -> VolumeId {
+    VolumeId::parse(VOLUME).unwrap()
+}
+
+fn stage(device: &str, staging: &str, flags: &[&str]) -> Request {
+    Request::Stage(StageRequest {
+        volume_id: volume_id(),
+        device: device.into(),
+        staging_path: staging.into(),
+        fs_type: FsType::Ext4,
+        mount_flags: flags.iter().map(|f| (*f).to_owned()).collect(),
+        format: FormatOptions::default(),
+    })
+}
+
+fn publish(target: &str, source: PublishSource) -> Request {
+    Request::Publish(PublishRequest {
+        target_path: target.into(),
+        readonly: false,
+        source,
+    })
+}
+
+/// Sends raw bytes as the agent's uid; the decoded answer, or `None` when
+/// the helper closed the connection without one.
+fn raw_exchange(socket: &Path, bytes: Vec<u8>, uid: u32) -> Option<Response> {
+    let socket = socket.to_owned();
+    run_as(uid, move || {
+        let mut stream = UnixStream::connect(socket).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        let _ = stream.write_all(&bytes);
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        read_frame::<_, Response>(&mut stream).ok()
+    })
+}
+
+/// One frame carrying an arbitrary CBOR value.
+fn cbor_frame(value: &ciborium::Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    write_frame(&mut out, value).unwrap();
+    out
+}
+
+#[test]
+fn two_hundred_hostile_requests_change_nothing() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &["--io-timeout-seconds", "1"]);
+    let volume = LoopVolume::create(sandbox.path(), VOLUME, 64);
+    let other = LoopVolume::create(sandbox.path(), "vol-0bbbbbbbbbbbbbbb2", 64);
+    let kubelet = sandbox.kubelet();
+    let root = kubelet.to_string_lossy().into_owned();
+    let outside = sandbox.mkdir("outside");
+    std::fs::write(outside.join("secret"), "untouched").unwrap();
+    std::os::unix::fs::symlink("/etc", kubelet.join("link-to-etc")).unwrap();
+    std::os::unix::fs::symlink(&outside, kubelet.join("link-out")).unwrap();
+    sandbox.mkdir("kubelet/staging");
+    let device = volume.device.to_string_lossy().into_owned();
+    let (mounts_before, host_before) = (ebs_csi_tests::mounts_under(sandbox.path()), host_mounts());
+
+    let long = format!("{root}/{}", "a".repeat(5000));
+    let hostile_paths: Vec<String> = vec![
+        "/".into(),
+        "/etc".into(),
+        "/etc/passwd".into(),
+        "/proc".into(),
+        "/proc/self/fd/3".into(),
+        "/proc/1/root".into(),
+        "/sys".into(),
+        "/dev".into(),
+        "/dev/shm".into(),
+        "/root".into(),
+        "/tmp".into(),
+        "/var/lib".into(),
+        "/boot".into(),
+        "/var/lib/kubelet/../../etc".into(),
+        format!("{root}/../.."),
+        format!("{root}/staging/../../outside"),
+        format!("{root}/./staging"),
+        format!("{root}//staging"),
+        format!("{root}/staging/"),
+        "relative/path".into(),
+        String::new(),
+        root.clone(),
+        format!("{root}x/staging"),
+        format!("{root}/link-to-etc"),
+        format!("{root}/link-to-etc/passwd"),
+        format!("{root}/link-out/secret"),
+        format!("{root}/link-out/new"),
+        format!("{root}/nul\0byte"),
+        long,
+        outside.to_string_lossy().into_owned(),
+    ];
+    let mut requests: Vec<(String, Request)> = Vec::new();
+    for path in &hostile_paths {
+        requests.push((format!("stage at {path:?}"), stage(&device, path, &[])));
+        requests.push((
+            format!("unstage {path:?}"),
+            Request::Unstage(UnstageRequest {
+                staging_path: path.clone(),
+            }),
+        ));
+        requests.push((
+            format!("unpublish {path:?}"),
+            Request::Unpublish(UnpublishRequest {
+                target_path: path.clone(),
+            }),
+        ));
+        let device_source = PublishSource::Device {
+            volume_id: volume_id(),
+            device: device.clone(),
+        };
+        requests.push((format!("publish block onto {path:?}"), publish(path, device_source)));
+        let bind_source = PublishSource::Staging {
+            staging_path: path.clone(),
+            mount_flags: vec![],
+        };
+        requests.push((
+            format!("bind {path:?} into the root"),
+            publish(&format!("{root}/target"), bind_source),
+        ));
+    }
+    let hostile_devices = [
+        "/dev/vda",
+        "/dev/vda1",
+        "/dev/null",
+        "/dev/zero",
+        "/dev/random",
+        "/dev/mem",
+        "/dev/kmsg",
+        "/dev/tty",
+        "/dev/../etc/passwd",
+        "/etc/passwd",
+        "/proc/self/fd/0",
+        "",
+        "relative",
+        "/dev/loop-control",
+        &other.device.to_string_lossy(),
+        "/dev/disk/by-id/../../vda",
+        "/dev/nvme0n1",
+        "/dev/nvme0",
+        "/dev/sda",
+        "/dev/dm-0",
+    ];
+    for bad in hostile_devices {
+        requests.push((
+            format!("stage device {bad:?}"),
+            stage(bad, &format!("{root}/staging"), &[]),
+        ));
+        let source = PublishSource::Device {
+            volume_id: volume_id(),
+            device: bad.to_owned(),
+        };
+        requests.push((
+            format!("publish device {bad:?}"),
+            publish(&format!("{root}/block"), source),
+        ));
+        let expand = ExpandRequest {
+            volume_id: volume_id(),
+            device: bad.to_owned(),
+            volume_path: format!("{root}/staging"),
+        };
+        requests.push((format!("expand device {bad:?}"), Request::Expand(expand)));
+    }
+    let hostile_flags = [
+        "suid",
+        "dev",
+        "exec",
+        "bind",
+        "rbind",
+        "remount",
+        "move",
+        "shared",
+        "rshared",
+        "context=system_u:object_r:etc_t:s0",
+        "uid=0",
+        "gid=0",
+        "mode=4777",
+        "nosuid,suid",
+        "noatime,dev",
+        "x-systemd.automount",
+        "loop",
+        "defaults,user",
+        "owner",
+        "rw,suid",
+        "data=journal",
+        "journal_path=/etc/passwd",
+        "errors=panic",
+        "\0",
+        "noatime\0suid",
+        "a=b",
+        "commit=0",
+        "nouuid,suid",
+        "quota",
+        "usrquota",
+    ];
+    for flag in hostile_flags {
+        requests.push((
+            format!("stage with {flag:?}"),
+            stage(&device, &format!("{root}/staging"), &[flag]),
+        ));
+        let source = PublishSource::Staging {
+            staging_path: format!("{root}/staging"),
+            mount_flags: vec![flag.to_owned()],
+        };
+        requests.push((
+            format!("publish with {flag:?}"),
+            publish(&format!("{root}/target"), source),
+        ));
+    }
+    assert!(requests.len() >= 200, "{} requests", requests.len());
+    for (what, request) in &requests {
+        let result = helper.call(request.clone());
+        assert!(
+            matches!(result, Err(ebs_csi_helper_proto::ClientError::Helper(_))),
+            "{what}: not refused: {result:?}"
+        );
+    }
+
+    // Frames: sizes, truncation, garbage, unknown kinds, versions, types.
+    let mut frames: Vec<(String, Vec<u8>)> = vec![
+        ("length 2^32-1".into(), u32::MAX.to_be_bytes().to_vec()),
+        (
+            "length just over the limit".into(),
+            (MAX_FRAME_BYTES + 1).to_be_bytes().to_vec(),
+        ),
+        ("empty".into(), vec![]),
+        ("half a length".into(), vec![0, 0]),
+        ("length, no payload".into(), 10u32.to_be_bytes().to_vec()),
+        ("zero-length payload".into(), 0u32.to_be_bytes().to_vec()),
+    ];
+    for seed in 0..20u32 {
+        let junk: Vec<u8> = (0..64u32)
+            .map(|i| (seed.wrapping_mul(2_654_435_761).wrapping_add(i * 40_503) >> 13).to_le_bytes()[0])
+            .collect();
+        frames.push((format!("garbage {seed}"), [64u32.to_be_bytes().to_vec(), junk].concat()));
+    }
+    let mut good = Vec::new();
+    write_frame(
+        &mut good,
+        &RequestFrame::new(Request::Unstage(UnstageRequest {
+            staging_path: format!("{root}/staging"),
+        })),
+    )
+    .unwrap();
+    for cut in [5, 10, good.len() / 2, good.len() - 1] {
+        frames.push((format!("truncated at {cut}"), good[..cut].to_vec()));
+    }
+    use ciborium::Value;
+    let map = |pairs: Vec<(&str, Value)>| Value::Map(pairs.into_iter().map(|(k, v)| (Value::from(k), v)).collect());
+    for (name, value) in [
+        (
+            "unknown kind Format",
+            map(vec![("version", 1.into()), ("request", "Format".into())]),
+        ),
+        (
+            "unknown kind Exec",
+            map(vec![
+                ("version", 1.into()),
+                ("request", map(vec![("Exec", map(vec![("argv", "sh".into())]))])),
+            ]),
+        ),
+        (
+            "version 0",
+            map(vec![("version", 0.into()), ("request", "Ping".into())]),
+        ),
+        (
+            "version 2",
+            map(vec![("version", 2.into()), ("request", "Ping".into())]),
+        ),
+        (
+            "version 65535",
+            map(vec![("version", 65535.into()), ("request", "Ping".into())]),
+        ),
+        (
+            "version as text",
+            map(vec![("version", "1".into()), ("request", "Ping".into())]),
+        ),
+        ("no version", map(vec![("request", "Ping".into())])),
+        (
+            "extra field",
+            map(vec![
+                ("version", 1.into()),
+                ("request", "Ping".into()),
+                ("sudo", true.into()),
+            ]),
+        ),
+        ("array instead of map", Value::Array(vec![1.into(), "Ping".into()])),
+        (
+            "bad volume id",
+            map(vec![
+                ("version", 1.into()),
+                (
+                    "request",
+                    map(vec![(
+                        "Expand",
+                        map(vec![
+                            ("volume_id", "vol-../../etc".into()),
+                            ("device", "/dev/loop0".into()),
+                            ("volume_path", "/".into()),
+                        ]),
+                    )]),
+                ),
+            ]),
+        ),
+        (
+            "unstage with extra field",
+            map(vec![
+                ("version", 1.into()),
+                (
+                    "request",
+                    map(vec![(
+                        "Unstage",
+                        map(vec![
+                            ("staging_path", format!("{root}/staging").into()),
+                            ("force", true.into()),
+                        ]),
+                    )]),
+                ),
+            ]),
+        ),
+    ] {
+        frames.push((name.to_owned(), cbor_frame(&value)));
+    }
+    for (what, bytes) in frames {
+        match raw_exchange(&helper.socket, bytes, AGENT_UID) {
+            Some(Response::Ok(reply)) if reply != Reply::Pong { version: 1 } => panic!("{what}: accepted: {reply:?}"),
+            Some(Response::Ok(_)) => panic!("{what}: a malformed frame was answered like a ping"),
+            _ => {}
+        }
+    }
+
+    // Peers with other uids are disconnected before anything is read.
+    for uid in [0, 1, 1000, 12345, 65533] {
+        let ping = RequestFrame::new(Request::Ping);
+        let mut bytes = Vec::new();
+        write_frame(&mut bytes, &ping).unwrap();
+        assert_eq!(raw_exchange(&helper.socket, bytes, uid), None, "uid {uid} was answered");
+    }
+
+    // A slow peer is dropped after the deadline, and others are served meanwhile.
+    let slow = run_as(AGENT_UID, {
+        let socket = helper.socket.clone();
+        move || {
+            let mut stream = UnixStream::connect(socket).unwrap();
+            stream.write_all(&[0, 0]).unwrap();
+            let started = Instant::now();
+            let mut buf = [0u8; 1];
+            let _ = stream.read(&mut buf);
+            started.elapsed()
+        }
+    });
+    assert!(
+        slow < Duration::from_secs(5),
+        "the slow peer held its connection for {slow:?}"
+    );
+
+    let client = HelperClient::new(helper.socket.clone(), Duration::from_secs(10));
+    let pong = run_as(AGENT_UID, move || client.call(Request::Ping));
+    assert!(
+        matches!(pong, Ok(Reply::Pong { .. })),
+        "the helper stopped serving: {pong:?}"
+    );
+    assert_eq!(
+        ebs_csi_tests::mounts_under(sandbox.path()),
+        mounts_before,
+        "a mount appeared"
+    );
+    assert_eq!(host_mounts(), host_before, "the host's mount table changed");
+    assert_eq!(volume.signature(), "", "the volume was formatted");
+    assert_eq!(other.signature(), "", "another volume was formatted");
+    assert_eq!(std::fs::read_to_string(outside.join("secret")).unwrap(), "untouched");
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        1,
+        "something was created outside the root"
+    );
+    assert!(!kubelet.join("target").exists() && !kubelet.join("block").exists());
+    assert!(Path::new("/etc/passwd").exists());
+}
