@@ -12,7 +12,7 @@ export CARGO_BUILD_JOBS ?= 2
 MOTO_SPEC := moto[ec2,server]>=5.1,<6
 VENV := .venv
 
-.PHONY: all build test demo deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean
+.PHONY: all build test demo bench bench-smoke deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean
 
 all: build
 
@@ -42,7 +42,19 @@ build:
 test: deps moto
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
-	$(MAKE) --no-print-directory fuzz-smoke
+	$(MAKE) --no-print-directory bench-smoke fuzz-smoke
+
+## bench: speed and footprint against baselines measured in the same run
+## (target/bench/report.md and report.json; docs/performance.md explains them).
+bench: deps
+	$(CARGO) build --release --workspace --bins
+	@mkdir -p target/bench
+	EBS_CSI_BENCH_EC2=$(CURDIR)/target/bench/ec2.txt $(CARGO) test --quiet --release -p ebs-csi-controller -- --ignored bench_ec2_calls_per_volume
+	$(CARGO) run --quiet --release --bin ebs-csi-bench -- --out target/bench --ec2-rows target/bench/ec2.txt
+
+## bench-smoke: the same code with tiny sizes and one repetition, so it cannot rot.
+bench-smoke:
+	$(CARGO) run --quiet --bin ebs-csi-bench -- --smoke --out target/bench-smoke
 
 # cargo fuzz needs nightly-only compiler flags; RUSTC_BOOTSTRAP lets the
 # machine's stable toolchain accept them (no other toolchain can be fetched).

@@ -34,12 +34,18 @@ const POLL_INTERVAL: Duration = Duration::from_millis(500);
 pub struct DeviceFinder {
     dev_dir: PathBuf,
     sys_dir: PathBuf,
+    watch_events: bool,
 }
 
 impl DeviceFinder {
-    /// A finder over a device tree (`/dev`) and sysfs (`/sys`).
-    pub fn new(dev_dir: PathBuf, sys_dir: PathBuf) -> Self {
-        Self { dev_dir, sys_dir }
+    /// A finder over a device tree (`/dev`) and sysfs (`/sys`); with
+    /// `watch_events` false it only polls (file systems without inotify).
+    pub fn new(dev_dir: PathBuf, sys_dir: PathBuf, watch_events: bool) -> Self {
+        Self {
+            dev_dir,
+            sys_dir,
+            watch_events,
+        }
     }
 
     /// The sysfs root.
@@ -74,7 +80,7 @@ impl DeviceFinder {
         timeout: Duration,
     ) -> Result<PathBuf, NodeError> {
         let deadline = Instant::now() + timeout;
-        let mut events = self.watch();
+        let mut events = if self.watch_events { self.watch() } else { None };
         loop {
             if let Some(device) = self.find(volume_id, device_path) {
                 return Ok(device);
@@ -164,7 +170,7 @@ mod tests {
             std::fs::create_dir(sys.join("class/nvme/nvme1/nvme1n1")).unwrap();
             std::os::unix::fs::symlink("/dev/loop0", dev.join("nvme1n1")).unwrap();
         }
-        (dir, DeviceFinder::new(dev, sys))
+        (dir, DeviceFinder::new(dev, sys, true))
     }
 
     #[test]

@@ -54,6 +54,10 @@ struct Args {
     /// volume's device to appear.
     #[arg(long, default_value_t = 60)]
     device_wait_seconds: u64,
+    /// Find devices by polling every 500 ms only, without watching the
+    /// device tree with inotify (for device trees that do not support it).
+    #[arg(long)]
+    device_poll_only: bool,
     /// The device tree.
     #[arg(long, default_value = "/dev")]
     dev_dir: PathBuf,
@@ -93,7 +97,7 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or_else(|| limits::max_volumes(&metadata.instance_type, metadata.network_interfaces));
     tracing::info!(node_id = %metadata.instance_id, zone = %metadata.availability_zone, instance_type = %metadata.instance_type, max_volumes, "node");
     let helper = Helper::new(args.helper_socket, Duration::from_secs(args.helper_timeout_seconds));
-    let finder = DeviceFinder::new(args.dev_dir, args.sys_dir);
+    let finder = DeviceFinder::new(args.dev_dir, args.sys_dir, !args.device_poll_only);
     let node = NodeService::new(
         helper.clone(),
         finder,

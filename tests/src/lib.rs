@@ -19,6 +19,7 @@ use ebs_csi_proto::v1::node_client::NodeClient;
 use tonic::transport::{Channel, Endpoint};
 
 pub mod attach_sim;
+pub mod bench;
 pub mod lifecycle;
 pub mod loopdev;
 pub mod moto;
@@ -101,19 +102,25 @@ impl Sandbox {
     /// Links `dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol…` to the
     /// loop device of `volume`, as udev does for an attached EBS volume.
     pub fn link_ebs_device(&self, volume: &LoopVolume) {
-        let by_id = self.mkdir("dev/disk/by-id");
-        let serial = volume.volume_id.replacen('-', "", 1);
-        std::os::unix::fs::symlink(
-            &volume.device,
-            by_id.join(format!("nvme-Amazon_Elastic_Block_Store_{serial}")),
-        )
-        .expect("link");
+        link_ebs_device(self.path(), volume);
     }
 
     /// Creates `<sandbox>/<rel>` (and parents), mode 0755.
     pub fn mkdir(&self, rel: &str) -> PathBuf {
         make_dir(&self.path().join(rel))
     }
+}
+
+/// Links `<dir>/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol…` to the
+/// loop device of `volume`, as udev does for an attached EBS volume.
+pub fn link_ebs_device(dir: &Path, volume: &LoopVolume) {
+    let by_id = make_dir(&dir.join("dev/disk/by-id"));
+    let serial = volume.volume_id.replacen('-', "", 1);
+    std::os::unix::fs::symlink(
+        &volume.device,
+        by_id.join(format!("nvme-Amazon_Elastic_Block_Store_{serial}")),
+    )
+    .expect("link");
 }
 
 /// Creates `path` (and parents), mode 0755, and returns it.

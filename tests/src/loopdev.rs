@@ -31,6 +31,15 @@ impl LoopVolume {
         }
     }
 
+    /// Attaches a loop device over an existing backing file.
+    pub fn attach_file(volume_id: &str, file: &Path) -> Self {
+        Self {
+            volume_id: volume_id.to_owned(),
+            file: file.to_owned(),
+            device: attach(file, &[]),
+        }
+    }
+
     /// Attaches a second loop device over a file, with extra `losetup` args.
     pub fn attach_extra(&self, args: &[&str]) -> PathBuf {
         attach(&self.file, args)

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::{Ec2, Ec2Error, Instance, Modification, Selector, Snapshot, Volume};
+use super::{Ec2, Ec2Error, Instance, Modification, Selector, Snapshot, Volume, VolumeState};
+use crate::tags::VOLUME_NAME;
 
 type Fetch<V> =
     Arc<dyn Fn(Vec<String>) -> Pin<Box<dyn Future<Output = Result<Vec<(String, V)>, Ec2Error>> + Send>> + Send + Sync>;
@@ -113,6 +114,9 @@ async fn flush<V: Clone>(pending: Arc<Mutex<HashMap<String, Vec<Waiter<V>>>>>, f
 pub struct Describer {
     /// Volumes by id.
     pub volumes: Batcher<Volume>,
+    /// Live volumes (not deleting, deleted or failed) by their
+    /// `CSIVolumeName` tag: CreateVolume's idempotency lookup.
+    pub volumes_by_name: Batcher<Volume>,
     /// Instances by id.
     pub instances: Batcher<Instance>,
     /// Snapshots by id.
@@ -132,6 +136,23 @@ impl Describer {
                     .await?
                     .into_iter()
                     .map(|v| (v.id.clone(), v))
+                    .collect())
+            })
+        });
+        let e = Arc::clone(&ec2);
+        let volumes_by_name: Fetch<Volume> = Arc::new(move |names| {
+            let e = Arc::clone(&e);
+            Box::pin(async move {
+                let found = e.describe_volumes(Selector::Tag(VOLUME_NAME.to_owned(), names)).await?;
+                Ok(found
+                    .into_iter()
+                    .filter(|v| {
+                        !matches!(
+                            v.state,
+                            VolumeState::Deleting | VolumeState::Deleted | VolumeState::Error
+                        )
+                    })
+                    .filter_map(|v| Some((v.tags.get(VOLUME_NAME)?.clone(), v)))
                     .collect())
             })
         });
@@ -170,6 +191,7 @@ impl Describer {
         });
         Self {
             volumes: Batcher::new(config, volumes),
+            volumes_by_name: Batcher::new(config, volumes_by_name),
             instances: Batcher::new(config, instances),
             snapshots: Batcher::new(config, snapshots),
             modifications: Batcher::new(config, modifications),

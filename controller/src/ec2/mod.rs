@@ -211,8 +211,8 @@ impl ModifyVolumeInput {
 pub enum Selector {
     /// By id (ids that do not exist are simply absent from the result).
     Ids(Vec<String>),
-    /// By tag key and value.
-    Tag(String, String),
+    /// By tag key, with any of the values.
+    Tag(String, Vec<String>),
     /// Every resource carrying the tag key.
     TagKey(String),
     /// Snapshots of a volume.

@@ -110,6 +110,11 @@ impl Model {
         self.state().calls.get(api).copied().unwrap_or_default()
     }
 
+    /// How many calls were made, all APIs together.
+    pub fn total_calls(&self) -> usize {
+        self.state().calls.values().sum()
+    }
+
     /// The volume as EC2 would describe it now.
     pub fn volume(&self, id: &str) -> Option<Volume> {
         let mut state = self.state();
@@ -183,7 +188,7 @@ impl Model {
 fn matches(selector: &Selector, id: &str, tags: &Tags, volume_id: &str) -> bool {
     match selector {
         Selector::Ids(ids) => ids.iter().any(|i| i == id),
-        Selector::Tag(k, v) => tags.get(k) == Some(v),
+        Selector::Tag(k, values) => tags.get(k).is_some_and(|v| values.contains(v)),
         Selector::TagKey(k) => tags.contains_key(k),
         Selector::SourceVolume(v) => volume_id == v,
     }

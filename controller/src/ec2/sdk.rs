@@ -91,7 +91,7 @@ fn filter(name: &str, values: Vec<String>) -> Filter {
 fn selector_filter(selector: Selector, id_filter: &str) -> Filter {
     match selector {
         Selector::Ids(ids) => filter(id_filter, ids),
-        Selector::Tag(key, value) => filter(&format!("tag:{key}"), vec![value]),
+        Selector::Tag(key, values) => filter(&format!("tag:{key}"), values),
         Selector::TagKey(key) => filter("tag-key", vec![key]),
         Selector::SourceVolume(id) => filter("volume-id", vec![id]),
     }

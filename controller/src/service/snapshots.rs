@@ -34,7 +34,7 @@ impl<E: Ec2> ControllerService<E> {
         let _guard = self.in_flight.acquire(name)?;
         let existing = self
             .ec2
-            .describe_snapshots(Selector::Tag(tags::SNAPSHOT_NAME.to_owned(), name.to_owned()))
+            .describe_snapshots(Selector::Tag(tags::SNAPSHOT_NAME.to_owned(), vec![name.to_owned()]))
             .await?;
         let snapshot = match existing.into_iter().find(|s| s.state != SnapshotState::Error) {
             Some(s) if s.volume_id == volume_id => s,

@@ -186,16 +186,7 @@ impl<E: Ec2> ControllerService<E> {
             tags: volume_tags,
             client_token: client_token(name),
         };
-        let existing = self
-            .ec2
-            .describe_volumes(Selector::Tag(tags::VOLUME_NAME.to_owned(), name.to_owned()))
-            .await?;
-        let volume = match existing.into_iter().find(|v| {
-            !matches!(
-                v.state,
-                VolumeState::Deleting | VolumeState::Deleted | VolumeState::Error
-            )
-        }) {
+        let volume = match self.describe.volumes_by_name.get(name).await? {
             Some(v) if matches_request(&v, &input) => v,
             Some(v) => {
                 return Err(ControllerError::AlreadyExists(format!(

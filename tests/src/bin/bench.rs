@@ -1,0 +1,335 @@
+//! `ebs-csi-bench` (`make bench`; `--smoke` inside `make test`). See
+//! `ebs_csi_tests::bench` and `docs/performance.md`.
+#![allow(clippy::expect_used, reason = "a benchmark: a failed step stops the run")]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use ebs_csi_proto::v1::{NodeGetInfoRequest, ProbeRequest};
+use ebs_csi_tests::bench::{self, Node, Row, Scale, summarize};
+use ebs_csi_tests::{LoopVolume, binary, link_ebs_device};
+
+/// Measures stage latency, large-volume formatting, device wait,
+/// footprint and concurrency, and writes `report.md` and `report.json`.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Tiny sizes and one repetition (the variant `make test` runs).
+    #[arg(long)]
+    smoke: bool,
+    /// Where the report goes.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// EC2-call figures written by the controller's model benchmark, merged
+    /// into the report when present.
+    #[arg(long)]
+    ec2_rows: Option<PathBuf>,
+}
+
+fn row(
+    name: &str,
+    samples: &[f64],
+    unit: &'static str,
+    baseline: Option<&[f64]>,
+    target: &str,
+    met: impl Fn(f64, Option<f64>) -> bool,
+) -> Row {
+    let (value, spread) = summarize(samples);
+    let baseline = baseline.map(|b| summarize(b).0);
+    Row {
+        name: name.into(),
+        value,
+        spread,
+        unit,
+        baseline,
+        target: target.into(),
+        met: met(value, baseline),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(
+        rustix::process::geteuid().is_root(),
+        "the benchmarks need root (loop devices and mounts)"
+    );
+    let scale = if args.smoke { Scale::SMOKE } else { Scale::FULL };
+    let mut rows = Vec::new();
+    rows.extend(stage_latency(scale).await);
+    rows.extend(large_volumes(scale).await);
+    rows.extend(device_wait(scale).await);
+    rows.extend(footprint().await);
+    rows.extend(concurrency(scale).await);
+    if let Some(text) = args.ec2_rows.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+        rows.extend(text.lines().filter_map(parse_ec2_row));
+    }
+    std::fs::create_dir_all(&args.out)?;
+    let table = bench::markdown(&rows);
+    std::fs::write(args.out.join("report.md"), &table)?;
+    std::fs::write(args.out.join("report.json"), bench::json(&rows))?;
+    println!("{table}");
+    println!("written to {}/report.md and report.json", args.out.display());
+    Ok(())
+}
+
+/// 1. NodeStage + NodePublish through agent and helper, against the floor
+///    and the Go driver's command sequence.
+async fn stage_latency(scale: Scale) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for fs in ["ext4", "xfs"] {
+        let mut node = Node::start(&[]).await;
+        let mut ours = Vec::new();
+        let (mut floor, mut go) = (Vec::new(), Vec::new());
+        for _ in 0..scale.reps {
+            let volume = node.volume(scale.volume_mib);
+            ours.push(bench::millis(node.stager.stage_publish(&volume.volume_id, fs).await));
+            node.stager.teardown(&volume.volume_id).await;
+            let plain = node.plain_volume(scale.volume_mib);
+            floor.push(bench::millis(bench::floor(&plain.device, node.sandbox.path(), fs)));
+            let other = node.plain_volume(scale.volume_mib);
+            go.push(bench::millis(bench::go_sequence(
+                &other.device,
+                node.sandbox.path(),
+                fs,
+            )));
+        }
+        let size = scale.volume_mib;
+        rows.push(row(
+            &format!("NodeStage+NodePublish, {fs}, {size} MiB (vs floor)"),
+            &ours,
+            "ms",
+            Some(&floor),
+            "≤ 1.10× floor",
+            |v, b| b.is_some_and(|b| v <= 1.10 * b),
+        ));
+        rows.push(row(
+            &format!("Go driver's command sequence, {fs}, {size} MiB (vs floor)"),
+            &go,
+            "ms",
+            Some(&floor),
+            "peer baseline",
+            |_, _| true,
+        ));
+    }
+    rows
+}
+
+/// 2. NodeStage of a 16 TiB-class device: our flags against the tools'
+///    defaults, and the sectors each discards.
+async fn large_volumes(scale: Scale) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for fs in ["ext4", "xfs"] {
+        let mut node = Node::start(&[]).await;
+        let volume = node.volume(scale.large_mib);
+        let before = bench::discarded_sectors(&volume.device);
+        let ours = bench::millis(node.stager.stage_publish(&volume.volume_id, fs).await);
+        let ours_discarded = bench::discarded_sectors(&volume.device) - before;
+        node.stager.teardown(&volume.volume_id).await;
+        drop(volume);
+        let plain = node.plain_volume(scale.large_mib);
+        let before = bench::discarded_sectors(&plain.device);
+        let defaults = bench::millis(bench::go_sequence(&plain.device, node.sandbox.path(), fs));
+        let default_discarded = bench::discarded_sectors(&plain.device) - before;
+        let gib = scale.large_mib >> 10;
+        rows.push(row(
+            &format!("NodeStage, {fs}, {gib} GiB sparse (vs tool defaults)"),
+            &[ours],
+            "ms",
+            Some(&[defaults]),
+            "≤ 2000 ms",
+            |v, _| v <= 2000.0,
+        ));
+        #[allow(clippy::cast_precision_loss, reason = "sector counts far below 2^52")]
+        let (ours_d, default_d) = (ours_discarded as f64, default_discarded as f64);
+        rows.push(row(
+            &format!("sectors discarded by NodeStage, {fs}, {gib} GiB (vs tool defaults)"),
+            &[ours_d],
+            "sectors",
+            Some(&[default_d]),
+            "0",
+            |v, _| v == 0.0,
+        ));
+    }
+    rows
+}
+
+/// 3. From the device appearing to NodeStage going on: event-driven
+///    against a fixed 500 ms poll.
+async fn device_wait(scale: Scale) -> Vec<Row> {
+    let mut results = Vec::new();
+    for flags in [&[][..], &["--device-poll-only"][..]] {
+        let mut node = Node::start(flags).await;
+        let mut samples = Vec::new();
+        for _ in 0..scale.reps.max(3) {
+            // The stage work itself, with the device already there.
+            let ready = node.volume(64);
+            let work = node.stager.stage_publish(&ready.volume_id, "ext4").await;
+            node.stager.teardown(&ready.volume_id).await;
+            let id = node.volume_id();
+            let file = node.sandbox.path().join(format!("{id}.img"));
+            std::fs::File::create(&file)
+                .and_then(|f| f.set_len(64 << 20))
+                .expect("backing file");
+            let mut staging = node.stager.clone();
+            let request_id = id.clone();
+            let waiting = tokio::spawn(async move { staging.stage_publish(&request_id, "ext4").await });
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            let appeared = Instant::now();
+            let volume = LoopVolume::attach_file(&id, &file);
+            link_ebs_device(node.sandbox.path(), &volume);
+            waiting.await.expect("stage task");
+            samples.push(bench::millis(appeared.elapsed().saturating_sub(work)));
+            node.stager.teardown(&id).await;
+        }
+        results.push(samples);
+    }
+    vec![row(
+        "device wait: appearance → NodeStage goes on (vs 500 ms poll)",
+        &results[0],
+        "ms",
+        Some(&results[1]),
+        "≤ 50 ms",
+        |v, _| v <= 50.0,
+    )]
+}
+
+/// 5. Idle RSS after start and after 100 operations, start to first
+///    Probe, stripped binary sizes.
+async fn footprint() -> Vec<Row> {
+    let mut rows = Vec::new();
+    let started = Instant::now();
+    let node = Node::start(&[]).await;
+    let channel = ebs_csi_tests::channel(&node.agent.socket).await;
+    let mut identity = ebs_csi_proto::v1::identity_client::IdentityClient::new(channel);
+    while identity
+        .probe(ProbeRequest {})
+        .await
+        .ok()
+        .and_then(|r| r.into_inner().ready)
+        != Some(true)
+    {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let start_ms = bench::millis(started.elapsed());
+    let (agent_idle, helper_idle) = (
+        bench::rss_mib(node.agent.process.pid()),
+        bench::rss_mib(node.helper.process.pid()),
+    );
+    let mut client = node.agent.node().await;
+    for _ in 0..100 {
+        client.node_get_info(NodeGetInfoRequest {}).await.expect("NodeGetInfo");
+        identity.probe(ProbeRequest {}).await.expect("Probe");
+    }
+    let (agent_busy, helper_busy) = (
+        bench::rss_mib(node.agent.process.pid()),
+        bench::rss_mib(node.helper.process.pid()),
+    );
+    rows.push(row(
+        "agent RSS idle / after 100 Probe+NodeGetInfo",
+        &[agent_idle, agent_busy],
+        "MiB",
+        None,
+        "≤ 8 MiB",
+        |_, _| agent_busy <= 8.0,
+    ));
+    rows.push(row(
+        "helper RSS idle / after 100 Pings",
+        &[helper_idle, helper_busy],
+        "MiB",
+        None,
+        "≤ 3 MiB",
+        |_, _| helper_busy <= 3.0,
+    ));
+    rows.push(row(
+        "helper + agent start to first ready Probe",
+        &[start_ms],
+        "ms",
+        None,
+        "≤ 50 ms",
+        |v, _| v <= 50.0,
+    ));
+    for (name, limit) in [
+        ("ebs-csi-agent", 8.0),
+        ("ebs-csi-helper", 3.0),
+        ("ebs-csi-controller", 20.0),
+    ] {
+        #[allow(clippy::cast_precision_loss, reason = "binary sizes far below 2^52")]
+        let mib = std::fs::metadata(binary(name))
+            .map(|m| m.len() as f64 / 1_048_576.0)
+            .unwrap_or(0.0);
+        rows.push(row(
+            &format!("{name} binary size"),
+            &[mib],
+            "MiB",
+            None,
+            &format!("(RSS target {limit} MiB)"),
+            |_, _| true,
+        ));
+    }
+    rows
+}
+
+/// 6. Volumes staged and published at once on one node.
+async fn concurrency(scale: Scale) -> Vec<Row> {
+    let mut node = Node::start(&[]).await;
+    let volumes: Vec<LoopVolume> = (0..scale.concurrent).map(|_| node.volume(64)).collect();
+    let started = Instant::now();
+    let tasks: Vec<_> = volumes
+        .iter()
+        .map(|v| {
+            let mut client = node.stager.clone();
+            let id = v.volume_id.clone();
+            tokio::spawn(async move { bench::millis(client.stage_publish(&id, "ext4").await) })
+        })
+        .collect();
+    let mut per_volume = Vec::new();
+    for task in tasks {
+        per_volume.push(task.await.expect("stage task"));
+    }
+    let total = bench::millis(started.elapsed());
+    for v in &volumes {
+        node.stager.teardown(&v.volume_id).await;
+    }
+    per_volume.sort_by(f64::total_cmp);
+    let p99 = per_volume[(per_volume.len() * 99 / 100).min(per_volume.len() - 1)];
+    let n = scale.concurrent;
+    vec![
+        row(
+            &format!("{n} volumes staged+published at once: total"),
+            &[total],
+            "ms",
+            None,
+            "report",
+            |_, _| true,
+        ),
+        row(
+            &format!("{n} volumes staged+published at once: p99 per volume"),
+            &[p99],
+            "ms",
+            None,
+            "report",
+            |_, _| true,
+        ),
+    ]
+}
+
+/// A row line written by the controller's EC2 benchmark:
+/// `name|median|min|max|unit|baseline|target|met`.
+fn parse_ec2_row(line: &str) -> Option<Row> {
+    let f: Vec<&str> = line.split('|').collect();
+    let unit: &'static str = match *f.get(4)? {
+        "calls" => "calls",
+        "ms" => "ms",
+        _ => "",
+    };
+    Some(Row {
+        name: f.first()?.to_string(),
+        value: f.get(1)?.parse().ok()?,
+        spread: (f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?),
+        unit,
+        baseline: f.get(5)?.parse().ok(),
+        target: f.get(6)?.to_string(),
+        met: *f.get(7)? == "true",
+    })
+}
