@@ -79,6 +79,10 @@ impl DeviceFinder {
         device_path: Option<&str>,
         timeout: Duration,
     ) -> Result<PathBuf, NodeError> {
+        // The common case, an attached device, needs no inotify instance.
+        if let Some(device) = self.find(volume_id, device_path) {
+            return Ok(device);
+        }
         let deadline = Instant::now() + timeout;
         let mut events = if self.watch_events { self.watch() } else { None };
         loop {
