@@ -2,10 +2,10 @@
 
 use ebs_csi_proto::endpoint;
 use ebs_csi_proto::v1::identity_server::Identity;
-use ebs_csi_proto::v1::plugin_capability::{self, service};
+use ebs_csi_proto::v1::plugin_capability::service;
 use ebs_csi_proto::v1::{
     GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse,
-    PluginCapability, ProbeRequest, ProbeResponse,
+    ProbeRequest, ProbeResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -37,14 +37,9 @@ impl Identity for IdentityService {
         &self,
         _: Request<GetPluginCapabilitiesRequest>,
     ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
-        let service = |kind: service::Type| PluginCapability {
-            r#type: Some(plugin_capability::Type::Service(plugin_capability::Service {
-                r#type: kind as i32,
-            })),
-        };
-        Ok(Response::new(GetPluginCapabilitiesResponse {
-            capabilities: vec![service(service::Type::VolumeAccessibilityConstraints)],
-        }))
+        Ok(Response::new(endpoint::plugin_capabilities(&[
+            service::Type::VolumeAccessibilityConstraints,
+        ])))
     }
 
     /// Ready when the helper answers a ping: one local round trip, no EC2.

@@ -77,10 +77,7 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    ebs_csi_proto::endpoint::init_logging();
     if let Some(Command::Devices) = args.command {
         print!("{}", devices::table(&devices::list(&args.sys_dir, &args.dev_dir)));
         return Ok(());

@@ -79,10 +79,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    ebs_csi_proto::endpoint::init_logging();
     let socket = endpoint::socket_path(&args.endpoint)?;
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
     if let Some(region) = args.region {

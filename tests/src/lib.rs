@@ -269,21 +269,20 @@ impl Helper {
     pub fn start_in(dir: &Path, extra: &[&str]) -> Self {
         let socket = dir.join("helper/helper.sock");
         let mut command = Command::new(binary("ebs-csi-helper"));
-        command
-            .arg("--socket")
-            .arg(&socket)
-            .args([
-                "--socket-group",
-                &AGENT_UID.to_string(),
-                "--allowed-uid",
-                &AGENT_UID.to_string(),
-                "--allowed-root",
-            ])
-            .arg(make_dir(&dir.join("kubelet")))
-            .arg("--allow-loop-devices")
-            .args(extra);
+        command.args(Self::args(dir, &socket)).args(extra);
         let process = spawn("helper", command, dir.join("helper.log"), &socket);
         Self { socket, process }
+    }
+
+    /// The test helper's arguments: listen on `socket`, allow the agent
+    /// uid and the sandbox's kubelet directory, accept loop devices.
+    pub fn args(dir: &Path, socket: &Path) -> Vec<std::ffi::OsString> {
+        let uid = AGENT_UID.to_string();
+        let mut args: Vec<std::ffi::OsString> = vec!["--socket".into(), socket.into()];
+        args.extend(["--socket-group", &uid, "--allowed-uid", &uid, "--allowed-root"].map(Into::into));
+        args.push(make_dir(&dir.join("kubelet")).into());
+        args.push("--allow-loop-devices".into());
+        args
     }
 
     /// Sends one request as the agent's uid would, from a child process

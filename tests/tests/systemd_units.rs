@@ -106,17 +106,7 @@ fn a_mount_made_by_the_helper_as_configured_is_visible_to_the_host() {
     command
         .args(["--net", "--uts", "--"])
         .arg(binary("ebs-csi-helper"))
-        .arg("--socket")
-        .arg(&socket)
-        .args([
-            "--socket-group",
-            &AGENT_UID.to_string(),
-            "--allowed-uid",
-            &AGENT_UID.to_string(),
-            "--allowed-root",
-        ])
-        .arg(sandbox.kubelet())
-        .arg("--allow-loop-devices")
+        .args(ebs_csi_tests::Helper::args(sandbox.path(), &socket))
         .stdin(Stdio::null());
     let _helper = spawn("helper", command, sandbox.path().join("helper.log"), &socket);
     let volume = LoopVolume::create(sandbox.path(), "vol-0aaaaaaaaaaaaaaa1", 64);

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use ebs_csi_proto::endpoint;
 use ebs_csi_proto::v1::identity_server::Identity;
-use ebs_csi_proto::v1::plugin_capability::{self, service};
+use ebs_csi_proto::v1::plugin_capability::service;
 use ebs_csi_proto::v1::{
     GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest, GetPluginInfoResponse,
-    PluginCapability, ProbeRequest, ProbeResponse,
+    ProbeRequest, ProbeResponse,
 };
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -49,17 +49,10 @@ impl<E: Ec2> Identity for IdentityService<E> {
         &self,
         _: Request<GetPluginCapabilitiesRequest>,
     ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
-        let service = |kind: service::Type| PluginCapability {
-            r#type: Some(plugin_capability::Type::Service(plugin_capability::Service {
-                r#type: kind as i32,
-            })),
-        };
-        Ok(Response::new(GetPluginCapabilitiesResponse {
-            capabilities: vec![
-                service(service::Type::ControllerService),
-                service(service::Type::VolumeAccessibilityConstraints),
-            ],
-        }))
+        Ok(Response::new(endpoint::plugin_capabilities(&[
+            service::Type::ControllerService,
+            service::Type::VolumeAccessibilityConstraints,
+        ])))
     }
 
     /// Ready when a dry-run EC2 call succeeded within the last minute;

@@ -7,7 +7,8 @@ use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::DRIVER_NAME;
-use crate::v1::GetPluginInfoResponse;
+use crate::v1::plugin_capability::{self, service};
+use crate::v1::{GetPluginCapabilitiesResponse, GetPluginInfoResponse, PluginCapability};
 
 /// A CSI endpoint that is not a unix socket path.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +62,28 @@ pub fn plugin_info(version: &str) -> GetPluginInfoResponse {
         vendor_version: version.to_owned(),
         manifest: Default::default(),
     }
+}
+
+/// GetPluginCapabilities' answer: the given plugin services.
+pub fn plugin_capabilities(services: &[service::Type]) -> GetPluginCapabilitiesResponse {
+    GetPluginCapabilitiesResponse {
+        capabilities: services
+            .iter()
+            .map(|kind| PluginCapability {
+                r#type: Some(plugin_capability::Type::Service(plugin_capability::Service {
+                    r#type: *kind as i32,
+                })),
+            })
+            .collect(),
+    }
+}
+
+/// Logs to stderr at `info`, or as `RUST_LOG` says.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 #[cfg(test)]
