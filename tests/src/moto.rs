@@ -18,6 +18,8 @@ use crate::{Process, Sandbox, binary, channel, spawn, wait_until};
 /// The moto server of a test, killed on drop.
 pub struct Moto {
     child: Child,
+    /// moto's working directory (its request recorder writes a file there).
+    _dir: tempfile::TempDir,
     /// `http://127.0.0.1:PORT`.
     pub endpoint: String,
     port: u16,
@@ -42,14 +44,20 @@ impl Moto {
             .and_then(|l| l.local_addr())
             .expect("free port")
             .port();
+        let dir = tempfile::Builder::new()
+            .prefix("ebs-csi-moto-")
+            .tempdir()
+            .expect("tempdir");
         let child = Command::new(moto_server())
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .current_dir(dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("moto_server");
         let moto = Self {
             child,
+            _dir: dir,
             endpoint: format!("http://127.0.0.1:{port}"),
             port,
         };
