@@ -78,11 +78,6 @@ impl VerifiedDevice {
         }
     }
 
-    /// Whether `entry` is a mount of this device's filesystem.
-    pub fn is_mounted_by(&self, entry: &MountEntry) -> bool {
-        (entry.major, entry.minor) == (self.major, self.minor)
-    }
-
     fn sysfs_dir(&self) -> PathBuf {
         sysfs_dir(self.major, self.minor)
     }

@@ -64,7 +64,7 @@ impl Handler {
         let options = options::parse(Some(r.fs_type), &r.mount_flags)?;
         let staging = self.roots.check(&r.staging_path)?;
         let (fd, node) = open_existing(&staging, FileType::Directory)?;
-        let device = self.verify(&r.volume_id, &r.device)?;
+        let device = self.verify(&r.volume_id, &r.device, &read_mounts()?)?;
         if node.is_mount_root {
             return if node.dev == (device.major, device.minor) {
                 Ok(Reply::Done)
@@ -124,7 +124,7 @@ impl Handler {
                 (fd, node, flags, FileType::Directory)
             }
             PublishSource::Device { volume_id, device } => {
-                let device = self.verify(volume_id, device)?;
+                let device = self.verify(volume_id, device, &read_mounts()?)?;
                 let fd: OwnedFd = device.file.into();
                 let node = mount::inspect(&fd)?;
                 (fd, node, MountFlags::empty(), FileType::RegularFile)
@@ -146,7 +146,7 @@ impl Handler {
         if let Some(existing) = open_target(&parent, &target)? {
             let node = mount::inspect(&existing)?;
             if node.is_mount_root {
-                let read_only = mount_entry(node.mount_id)?.is_some_and(|m| m.is_read_only());
+                let read_only = find_mount(&read_mounts()?, node.mount_id).is_some_and(MountEntry::is_read_only);
                 return if same_source(&node) && read_only == r.readonly {
                     Ok(Reply::Done)
                 } else {
@@ -209,7 +209,8 @@ impl Handler {
     /// Expand: verify the device, check it is what is mounted at the volume
     /// path, grow the filesystem online, report the device size.
     fn expand(&self, r: &ExpandRequest) -> Result<Reply, HelperError> {
-        let device = self.verify(&r.volume_id, &r.device)?;
+        let mounts = read_mounts()?;
+        let device = self.verify(&r.volume_id, &r.device, &mounts)?;
         let path = self.roots.check(&r.volume_path)?;
         let not_mounted = || HelperError::NotMounted {
             path: r.volume_path.clone(),
@@ -218,7 +219,7 @@ impl Handler {
         if !node.is_mount_root || node.dev != (device.major, device.minor) {
             return Err(not_mounted());
         }
-        let fs_type = mount_entry(node.mount_id)?
+        let fs_type = find_mount(&mounts, node.mount_id)
             .and_then(|m| FsType::from_name(&m.fs_type))
             .ok_or_else(not_mounted)?;
         device.recheck()?;
@@ -232,9 +233,8 @@ impl Handler {
         })
     }
 
-    fn verify(&self, volume_id: &VolumeId, device: &str) -> Result<VerifiedDevice, HelperError> {
-        let mounts = mountinfo::read().map_err(|e| system("reading mountinfo", e))?;
-        device::verify(volume_id, device, &self.policy, &self.roots, &mounts)
+    fn verify(&self, volume_id: &VolumeId, device: &str, mounts: &[MountEntry]) -> Result<VerifiedDevice, HelperError> {
+        device::verify(volume_id, device, &self.policy, &self.roots, mounts)
     }
 }
 
@@ -280,11 +280,12 @@ fn create_target(parent: &OwnedFd, target: &SafePath<'_>, file_type: FileType) -
     }
 }
 
-fn mount_entry(mount_id: u64) -> Result<Option<MountEntry>, HelperError> {
-    Ok(mountinfo::read()
-        .map_err(|e| system("reading mountinfo", e))?
-        .into_iter()
-        .find(|m| m.mount_id == mount_id))
+fn read_mounts() -> Result<Vec<MountEntry>, HelperError> {
+    mountinfo::read().map_err(|e| system("reading mountinfo", e))
+}
+
+fn find_mount(mounts: &[MountEntry], mount_id: u64) -> Option<&MountEntry> {
+    mounts.iter().find(|m| m.mount_id == mount_id)
 }
 
 fn already_mounted(path: &SafePath<'_>, node: &Node) -> HelperError {
