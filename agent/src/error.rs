@@ -63,6 +63,7 @@ fn helper_code(error: &HelperError) -> Code {
         | HelperError::NotMounted { .. }
         | HelperError::UnsupportedVersion(_) => Code::FailedPrecondition,
         HelperError::Busy => Code::Unavailable,
+        HelperError::InProgress { .. } => Code::Aborted,
         HelperError::ToolFailed { .. } | HelperError::System { .. } => Code::Internal,
     }
 }
@@ -134,6 +135,10 @@ mod tests {
                 Code::FailedPrecondition,
             ),
             (ClientError::Helper(HelperError::Busy).into(), Code::Unavailable),
+            (
+                ClientError::Helper(HelperError::InProgress { device: s() }).into(),
+                Code::Aborted,
+            ),
             (
                 ClientError::Helper(HelperError::ToolFailed { tool: s(), detail: s() }).into(),
                 Code::Internal,

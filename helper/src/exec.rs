@@ -3,14 +3,15 @@
 //! Only tools from a fixed table, by absolute path, with arguments the
 //! caller built from validated types; no shell, an empty environment,
 //! stdin from `/dev/null`, and no descriptor beyond stdio (the child
-//! closes the rest before it execs). Tools run from the executor thread,
+//! closes the rest before it execs). Tools run from executor threads,
 //! started before the seccomp filter is installed on the serving threads,
-//! so the filter binds the helper and not the tools.
+//! so the filter binds the helper and not the tools. An executor's thread
+//! count is the number of tools it runs at once.
 
 use std::io;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 
 use ebs_csi_helper_proto::HelperError;
 
@@ -73,34 +74,35 @@ struct Job {
     reply: mpsc::Sender<io::Result<Output>>,
 }
 
-/// A handle to the executor thread.
+/// A handle to a fixed pool of executor threads sharing one queue.
 #[derive(Clone, Debug)]
 pub struct Executor {
     jobs: mpsc::Sender<Job>,
 }
 
 impl Executor {
-    /// Starts the executor thread. Call it before installing the seccomp
-    /// filter: the thread, and so every tool, stays unfiltered.
+    /// Starts `threads` executor threads named `name`; at most that many
+    /// tools run at once, later jobs wait in the queue. Call it before
+    /// installing the seccomp filter: the threads, and so every tool, stay
+    /// unfiltered.
     ///
     /// # Errors
-    /// The error spawning the thread.
-    pub fn start() -> io::Result<Self> {
+    /// The error spawning a thread.
+    pub fn start(name: &str, threads: usize) -> io::Result<Self> {
         let (jobs, queue) = mpsc::channel::<Job>();
-        std::thread::Builder::new().name("executor".into()).spawn(move || {
-            for job in queue {
-                let mut command = Command::new(&job.path);
-                command
-                    .args(&job.args)
-                    .env_clear()
-                    .current_dir("/")
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped());
-                sys::close_fds_on_exec(&mut command);
-                let _ = job.reply.send(command.output());
-            }
-        })?;
+        let queue = Arc::new(Mutex::new(queue));
+        for _ in 0..threads.max(1) {
+            let queue = Arc::clone(&queue);
+            std::thread::Builder::new().name(name.into()).spawn(move || {
+                loop {
+                    // The guard is a temporary: the queue is locked only
+                    // while taking the next job, not while running it.
+                    let next = queue.lock().unwrap_or_else(PoisonError::into_inner).recv();
+                    let Ok(job) = next else { break };
+                    let _ = job.reply.send(execute(&job));
+                }
+            })?;
+        }
         Ok(Self { jobs })
     }
 
@@ -120,10 +122,10 @@ impl Executor {
         };
         self.jobs
             .send(job)
-            .map_err(|_| system("exec", "the executor thread is gone"))?;
+            .map_err(|_| system("exec", "the executor threads are gone"))?;
         answer
             .recv()
-            .map_err(|_| system("exec", "the executor thread is gone"))?
+            .map_err(|_| system("exec", "the executor threads are gone"))?
             .map_err(|e| system(format!("starting {path}"), e))
     }
 
@@ -152,4 +154,17 @@ impl Executor {
             detail: format!("{}: {tail}", output.status),
         })
     }
+}
+
+fn execute(job: &Job) -> io::Result<Output> {
+    let mut command = Command::new(&job.path);
+    command
+        .args(&job.args)
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    sys::close_fds_on_exec(&mut command);
+    command.output()
 }

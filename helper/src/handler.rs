@@ -8,33 +8,47 @@ use ebs_csi_helper_proto::{
     VolumeId,
 };
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
 use rustix::mount::MountFlags;
 
+use crate::claim::Claims;
 use crate::device::{self, IdentityPolicy, VerifiedDevice};
 use crate::error::system;
 use crate::exec::{Executor, Tool};
 use crate::format::{self, Contents};
 use crate::mount::{self, Node};
 use crate::mountinfo::{self, MountEntry};
-use crate::options;
+use crate::options::{self, MountOptions};
 use crate::path::{AllowedRoots, SafePath, open_beneath};
 
 /// Serves requests with a fixed configuration.
+///
+/// Requests run one at a time under an exclusive lock, so two can never
+/// race on the same path or device; the one exception is `mkfs`, which
+/// runs outside the lock with its device claimed (see [`crate::claim`]).
 #[derive(Debug)]
 pub struct Handler {
     roots: AllowedRoots,
     policy: IdentityPolicy,
-    executor: Executor,
+    tools: Executor,
+    formatter: Executor,
+    exclusive: Mutex<()>,
+    claims: Claims,
 }
 
 impl Handler {
     /// A handler that acts beneath `roots` on devices `policy` accepts,
-    /// running tools through `executor`.
-    pub fn new(roots: AllowedRoots, policy: IdentityPolicy, executor: Executor) -> Self {
+    /// running `mkfs` on `formatter` (its thread count is the number of
+    /// formats at once) and every other tool on `tools`.
+    pub fn new(roots: AllowedRoots, policy: IdentityPolicy, tools: Executor, formatter: Executor) -> Self {
         Self {
             roots,
             policy,
-            executor,
+            tools,
+            formatter,
+            exclusive: Mutex::new(()),
+            claims: Claims::default(),
         }
     }
 
@@ -49,35 +63,53 @@ impl Handler {
                 version: PROTOCOL_VERSION,
             }),
             Request::Stage(r) => self.stage(r),
-            Request::Unstage(r) => self.unstage(&self.roots.check(&r.staging_path)?),
-            Request::Publish(r) => self.publish(r),
-            Request::Unpublish(r) => self.unpublish(&self.roots.check(&r.target_path)?),
-            Request::Expand(r) => self.expand(r),
+            Request::Unstage(r) => self.exclusively(|| self.unstage(&self.roots.check(&r.staging_path)?)),
+            Request::Publish(r) => self.exclusively(|| self.publish(r)),
+            Request::Unpublish(r) => self.exclusively(|| self.unpublish(&self.roots.check(&r.target_path)?)),
+            Request::Expand(r) => self.exclusively(|| self.expand(r)),
         }
     }
 
-    /// Stage: validate options, resolve the staging directory, verify the
-    /// device, accept an identical existing mount, probe, format only a
-    /// blank device, mount.
+    /// Stage: validate options; under the lock, check and probe (see
+    /// [`Handler::stage_checked`]). A blank device is claimed, rechecked
+    /// and formatted outside the lock; then every check runs again under
+    /// the lock and what is now a filesystem is mounted.
     fn stage(&self, r: &StageRequest) -> Result<Reply, HelperError> {
         r.format.validate(r.fs_type).map_err(HelperError::InvalidRequest)?;
         let options = options::parse(Some(r.fs_type), &r.mount_flags)?;
+        let exclusive = self.lock();
+        let Some(device) = self.stage_checked(r, &options)? else {
+            return Ok(Reply::Done);
+        };
+        let claim = self.claims.claim((device.major, device.minor), &device.path)?;
+        device.recheck()?;
+        drop(exclusive);
+        tracing::info!(volume_id = %r.volume_id, device = %device.path, fs_type = r.fs_type.name(), "format");
+        format::format(&self.formatter, r.fs_type, &r.format, &device.path)?;
+        let _exclusive = self.lock();
+        drop(claim);
+        match self.stage_checked(r, &options)? {
+            None => Ok(Reply::Done),
+            Some(_) => Err(system("formatting", "the device is still blank")),
+        }
+    }
+
+    /// Resolves the staging directory, verifies the device, accepts an
+    /// identical existing mount, probes, and mounts a filesystem of the
+    /// requested type. Returns the device when it is blank.
+    fn stage_checked(&self, r: &StageRequest, options: &MountOptions) -> Result<Option<VerifiedDevice>, HelperError> {
         let staging = self.roots.check(&r.staging_path)?;
         let (fd, node) = open_existing(&staging, FileType::Directory)?;
         let device = self.verify(&r.volume_id, &r.device, &read_mounts()?)?;
         if node.is_mount_root {
             return if node.dev == (device.major, device.minor) {
-                Ok(Reply::Done)
+                Ok(None)
             } else {
                 Err(already_mounted(&staging, &node))
             };
         }
-        match format::probe(&self.executor, &device.path)? {
-            Contents::Blank => {
-                device.recheck()?;
-                tracing::info!(volume_id = %r.volume_id, device = %device.path, fs_type = r.fs_type.name(), "format");
-                format::format(&self.executor, r.fs_type, &r.format, &device.path)?;
-            }
+        match format::probe(&self.tools, &device.path)? {
+            Contents::Blank => return Ok(Some(device)),
             Contents::Filesystem(found) if found == r.fs_type.name() => {}
             Contents::Filesystem(found) | Contents::Other(found) => {
                 return Err(HelperError::FilesystemMismatch {
@@ -87,8 +119,8 @@ impl Handler {
                 });
             }
         }
-        mount::mount_filesystem(&device, &fd, r.fs_type, &options)?;
-        Ok(Reply::Done)
+        mount::mount_filesystem(&device, &fd, r.fs_type, options)?;
+        Ok(None)
     }
 
     /// Unstage: resolve the staging path; unmount it if it is a mount point.
@@ -225,16 +257,28 @@ impl Handler {
         device.recheck()?;
         tracing::info!(volume_id = %r.volume_id, device = %device.path, volume_path = %r.volume_path, "grow filesystem");
         match fs_type {
-            FsType::Xfs => self.executor.run_checked(Tool::XfsGrowfs, &[r.volume_path.as_str()])?,
-            _ => self.executor.run_checked(Tool::Resize2fs, &[device.path.as_str()])?,
+            FsType::Xfs => self.tools.run_checked(Tool::XfsGrowfs, &[r.volume_path.as_str()])?,
+            _ => self.tools.run_checked(Tool::Resize2fs, &[device.path.as_str()])?,
         };
         Ok(Reply::Expanded {
             size_bytes: device.size_bytes()?,
         })
     }
 
+    /// Proves `device` is `volume_id` and that no format is running on it.
     fn verify(&self, volume_id: &VolumeId, device: &str, mounts: &[MountEntry]) -> Result<VerifiedDevice, HelperError> {
-        device::verify(volume_id, device, &self.policy, &self.roots, mounts)
+        let verified = device::verify(volume_id, device, &self.policy, &self.roots, mounts)?;
+        self.claims.check((verified.major, verified.minor), &verified.path)?;
+        Ok(verified)
+    }
+
+    fn exclusively<T>(&self, operation: impl FnOnce() -> T) -> T {
+        let _exclusive = self.lock();
+        operation()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.exclusive.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -8,6 +8,7 @@
 //! The library part also gives the agent the pieces it shares with the
 //! helper without privilege: NVMe Identify parsing and mountinfo parsing.
 
+pub mod claim;
 pub mod device;
 mod error;
 pub mod exec;

@@ -40,6 +40,10 @@ struct Args {
     /// in place of EBS NVMe devices. For demos and tests only.
     #[arg(long)]
     allow_loop_devices: bool,
+    /// Filesystems created at once (mkfs processes); more stage requests
+    /// for blank volumes wait their turn.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    max_parallel_formats: u16,
     /// Connections served at once; more are answered "busy".
     #[arg(long, default_value_t = 16)]
     max_connections: usize,
@@ -71,23 +75,26 @@ fn main() -> anyhow::Result<()> {
     // 6. Keep only CAP_SYS_ADMIN and CAP_SYS_RESOURCE; no new privileges.
     harden::reduce_capabilities().context("reducing capabilities")?;
     harden::forbid_new_privileges().context("setting no_new_privs")?;
-    // 7. The executor thread (tools run from it, outside the filter), then
-    //    the seccomp allowlist on the serving thread and its children.
-    let executor = Executor::start().context("starting the executor thread")?;
+    // 7. The executor threads (tools run from them, outside the filter),
+    //    then the seccomp allowlist on the serving thread and its children.
+    let tools = Executor::start("tools", 1).context("starting the executor threads")?;
+    let formatter =
+        Executor::start("formatter", args.max_parallel_formats.into()).context("starting the executor threads")?;
     harden::install_seccomp().context("installing the seccomp filter")?;
     let handler = Arc::new(Handler::new(
         roots,
         IdentityPolicy {
             allow_loop_devices: args.allow_loop_devices,
         },
-        executor,
+        tools,
+        formatter,
     ));
     let config = ServerConfig {
         allowed_uids: args.allowed_uids,
         max_connections: args.max_connections,
         io_timeout: Duration::from_secs(args.io_timeout_seconds),
     };
-    tracing::info!(socket = %args.socket.display(), allowed_uids = ?config.allowed_uids, allowed_roots = ?args.allowed_roots, allow_loop_devices = args.allow_loop_devices, "serving");
+    tracing::info!(socket = %args.socket.display(), allowed_uids = ?config.allowed_uids, allowed_roots = ?args.allowed_roots, allow_loop_devices = args.allow_loop_devices, max_parallel_formats = args.max_parallel_formats, "serving");
     // 8. Serve.
     server::serve(&listener, handler, &config).context("serving")
 }

@@ -2,8 +2,8 @@
 
 use std::io;
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ebs_csi_helper_proto::{
@@ -26,15 +26,13 @@ pub struct ServerConfig {
 
 /// Serves connections on `listener` until it fails.
 ///
-/// Each admitted connection runs on its own thread; requests that change
-/// the mount table or a device run one at a time, so two requests can
-/// never race on the same path or device.
+/// Each admitted connection runs on its own thread; the handler orders
+/// the requests (see [`Handler`]).
 ///
 /// # Errors
 /// Never returns on its own; errors on individual connections are logged.
 pub fn serve(listener: &UnixListener, handler: Arc<Handler>, config: &ServerConfig) -> io::Result<()> {
     let active = Arc::new(AtomicUsize::new(0));
-    let exclusive = Arc::new(Mutex::new(()));
     for stream in listener.incoming() {
         let mut stream = match stream {
             Ok(stream) => stream,
@@ -59,9 +57,9 @@ pub fn serve(listener: &UnixListener, handler: Arc<Handler>, config: &ServerConf
             respond(&mut stream, Response::Err(HelperError::Busy));
             continue;
         }
-        let (handler, exclusive, active) = (Arc::clone(&handler), Arc::clone(&exclusive), Arc::clone(&active));
+        let (handler, active) = (Arc::clone(&handler), Arc::clone(&active));
         let spawned = std::thread::Builder::new().name("connection".into()).spawn(move || {
-            serve_connection(&mut stream, uid, &handler, &exclusive);
+            serve_connection(&mut stream, uid, &handler);
             active.fetch_sub(1, Ordering::SeqCst);
         });
         if let Err(e) = spawned {
@@ -90,7 +88,7 @@ fn admitted_peer(stream: &UnixStream, allowed_uids: &[u32]) -> Option<u32> {
     }
 }
 
-fn serve_connection(stream: &mut UnixStream, peer_uid: u32, handler: &Handler, exclusive: &Mutex<()>) {
+fn serve_connection(stream: &mut UnixStream, peer_uid: u32, handler: &Handler) {
     let request = read_payload(stream)
         .map_err(|e| HelperError::InvalidRequest(e.to_string()))
         .and_then(|payload| match decode::<FrameVersion>(&payload) {
@@ -101,7 +99,6 @@ fn serve_connection(stream: &mut UnixStream, peer_uid: u32, handler: &Handler, e
         });
     let response = match request {
         Ok(frame) => {
-            let _exclusive = exclusive.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let span = tracing::info_span!("request", peer_uid, request = ?frame.request);
             let _entered = span.enter();
             let result = handler.handle(&frame.request);

@@ -123,8 +123,13 @@ pub struct Stager {
 impl Node {
     /// Starts a helper and an agent (`extra` agent flags).
     pub async fn start(extra: &[&str]) -> Self {
+        Self::start_with(&[], extra).await
+    }
+
+    /// Starts a helper (`helper_flags`) and an agent (`extra` agent flags).
+    pub async fn start_with(helper_flags: &[&str], extra: &[&str]) -> Self {
         let sandbox = Sandbox::new();
-        let helper = Helper::start(&sandbox, &[]);
+        let helper = Helper::start(&sandbox, helper_flags);
         let args = [&Agent::NODE_FLAGS[..], &["--device-wait-seconds", "60"], extra].concat();
         let agent = Agent::spawn(&sandbox, &helper, &args, &[]);
         let stager = Stager {

@@ -20,6 +20,7 @@ use tonic::transport::{Channel, Endpoint};
 
 pub mod attach_sim;
 pub mod bench;
+pub mod children;
 pub mod lifecycle;
 pub mod loopdev;
 pub mod moto;

@@ -62,6 +62,12 @@ pub enum HelperError {
     /// The helper is at its concurrency limit; try again.
     #[error("the helper is busy; try again")]
     Busy,
+    /// Another request is formatting this device right now; try again.
+    #[error("device {device} is being formatted by another request; try again")]
+    InProgress {
+        /// The device path.
+        device: String,
+    },
     /// An external tool (mkfs, resize2fs, xfs_growfs, blkid) failed.
     #[error("{tool} failed: {detail}")]
     ToolFailed {

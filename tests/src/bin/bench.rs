@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use ebs_csi_proto::v1::{NodeGetInfoRequest, ProbeRequest};
 use ebs_csi_tests::bench::{self, Node, Row, Scale, summarize};
+use ebs_csi_tests::children::PeakChildren;
 use ebs_csi_tests::{LoopVolume, binary, link_ebs_device};
 
 /// Measures stage latency, large-volume formatting, device wait,
@@ -285,10 +286,13 @@ async fn footprint() -> Vec<Row> {
     rows
 }
 
-/// 6. Volumes staged and published at once on one node.
+/// 6. Volumes staged and published at once on one node (format limit 2, the default).
 async fn concurrency(scale: Scale) -> Vec<Row> {
-    let mut node = Node::start(&[]).await;
+    const FORMAT_LIMIT: u16 = 2;
+    let limit = FORMAT_LIMIT.to_string();
+    let mut node = Node::start_with(&["--max-parallel-formats", &limit], &[]).await;
     let volumes: Vec<LoopVolume> = (0..scale.concurrent).map(|_| node.volume(64)).collect();
+    let formats = PeakChildren::start(node.helper.process.pid(), "mkfs");
     let started = Instant::now();
     let tasks: Vec<_> = volumes
         .iter()
@@ -303,6 +307,8 @@ async fn concurrency(scale: Scale) -> Vec<Row> {
         per_volume.push(task.await.expect("stage task"));
     }
     let total = bench::millis(started.elapsed());
+    #[allow(clippy::cast_precision_loss, reason = "a handful of processes")]
+    let peak_formats = formats.stop() as f64;
     for v in &volumes {
         node.stager.teardown(&v.volume_id).await;
     }
@@ -325,6 +331,14 @@ async fn concurrency(scale: Scale) -> Vec<Row> {
             None,
             "report",
             |_, _| true,
+        ),
+        row(
+            &format!("{n} volumes staged+published at once: most mkfs running at once (sampled every 1 ms)"),
+            &[peak_formats],
+            "",
+            None,
+            &format!("≤ {limit} (--max-parallel-formats)"),
+            |peak, _| peak <= f64::from(FORMAT_LIMIT),
         ),
     ]
 }

@@ -1,0 +1,153 @@
+//! Formats run in parallel up to the helper's limit, outside its lock,
+//! and nothing else touches a device while it is being formatted.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration tests: a failed step fails the test"
+)]
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use ebs_csi_helper_proto::{
+    ClientError, FormatOptions, FsType, HelperError, PublishRequest, PublishSource, Reply, Request, StageRequest,
+    VolumeId,
+};
+use ebs_csi_tests::children::children_named;
+use ebs_csi_tests::{Helper, LoopVolume, Sandbox, is_mounted, require_root};
+use rustix::process::{Pid, Signal, kill_process};
+
+fn volume_id(n: u32) -> String {
+    format!("vol-0f0000000000000{n:02}")
+}
+
+fn stage(sandbox: &Sandbox, volume: &LoopVolume, fs_type: FsType) -> Request {
+    let staging = sandbox.mkdir(&format!("kubelet/staging/{}", volume.volume_id));
+    Request::Stage(StageRequest {
+        volume_id: VolumeId::parse(&volume.volume_id).unwrap(),
+        device: volume.device.to_string_lossy().into_owned(),
+        staging_path: staging.to_string_lossy().into_owned(),
+        fs_type,
+        mount_flags: Vec::new(),
+        format: FormatOptions::default(),
+    })
+}
+
+/// The most `mkfs` children of `helper` that existed at once until
+/// `finished`. Each new one is stopped as soon as it is seen, so none can
+/// end early; once no new one has appeared for 300 ms every free format
+/// slot is taken, the children are counted, and the stopped ones go on.
+fn peak_with_formats_frozen(helper: u32, finished: impl Fn() -> bool) -> usize {
+    let signal = |pid: u32, signal| {
+        let _ = kill_process(Pid::from_raw(i32::try_from(pid).unwrap()).unwrap(), signal);
+    };
+    let (mut peak, mut seen, mut frozen, mut since) = (0, HashSet::new(), Vec::new(), Instant::now());
+    while !finished() {
+        let running = children_named(helper, "mkfs");
+        for &pid in running.iter().filter(|&&pid| seen.insert(pid)) {
+            signal(pid, Signal::STOP);
+            frozen.push(pid);
+            since = Instant::now();
+        }
+        if !frozen.is_empty() && since.elapsed() > Duration::from_millis(300) {
+            peak = peak.max(running.len());
+            for pid in frozen.drain(..) {
+                signal(pid, Signal::CONT);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    peak
+}
+
+#[test]
+fn formats_run_in_parallel_up_to_the_limit() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &["--max-parallel-formats", "2"]);
+    let volumes: Vec<LoopVolume> = (0..6)
+        .map(|n| LoopVolume::create(sandbox.path(), &volume_id(n), 512))
+        .collect();
+    let peak = std::thread::scope(|scope| {
+        let calls: Vec<_> = volumes
+            .iter()
+            .map(|v| {
+                let request = stage(&sandbox, v, FsType::Xfs);
+                scope.spawn(|| helper.call(request))
+            })
+            .collect();
+        let peak = peak_with_formats_frozen(helper.process.pid(), || calls.iter().all(|c| c.is_finished()));
+        for call in calls {
+            assert_eq!(call.join().unwrap().unwrap(), Reply::Done);
+        }
+        peak
+    });
+    assert_eq!(
+        peak, 2,
+        "mkfs processes at once with the limit at 2 and 6 blank volumes"
+    );
+    for v in &volumes {
+        assert!(is_mounted(
+            &sandbox.path().join(format!("kubelet/staging/{}", v.volume_id))
+        ));
+    }
+}
+
+#[test]
+fn a_device_being_formatted_is_refused_until_its_format_ends() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &["--max-parallel-formats", "1"]);
+    let volume = LoopVolume::create(sandbox.path(), &volume_id(1), 4096);
+    let request = stage(&sandbox, &volume, FsType::Ext4);
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| helper.call(request.clone()));
+        // Freeze the format as soon as it starts: while it is stopped the
+        // device stays claimed, whatever the machine's speed.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mkfs = loop {
+            if let Some(&pid) = children_named(helper.process.pid(), "mkfs").first() {
+                break pid;
+            }
+            assert!(Instant::now() < deadline, "mkfs never started");
+            std::thread::yield_now();
+        };
+        let mkfs = Pid::from_raw(i32::try_from(mkfs).unwrap()).unwrap();
+        kill_process(mkfs, Signal::STOP).unwrap();
+        let in_progress = |result: &Result<Reply, ClientError>| {
+            matches!(result, Err(ClientError::Helper(HelperError::InProgress { .. })))
+        };
+        let again = helper.call(request.clone());
+        let publish_block = helper.call(Request::Publish(PublishRequest {
+            target_path: sandbox.path().join("kubelet/block").to_string_lossy().into_owned(),
+            readonly: false,
+            source: PublishSource::Device {
+                volume_id: VolumeId::parse(&volume.volume_id).unwrap(),
+                device: volume.device.to_string_lossy().into_owned(),
+            },
+        }));
+        kill_process(mkfs, Signal::CONT).unwrap();
+        assert!(in_progress(&again), "a second stage during the format: {again:?}");
+        assert!(
+            in_progress(&publish_block),
+            "a block publish during the format: {publish_block:?}"
+        );
+        assert_eq!(first.join().unwrap().unwrap(), Reply::Done);
+    });
+    assert!(is_mounted(
+        &sandbox.path().join(format!("kubelet/staging/{}", volume.volume_id))
+    ));
+    assert_eq!(
+        helper.call(request).unwrap(),
+        Reply::Done,
+        "staging again once formatted"
+    );
+    assert!(
+        !sandbox.path().join("kubelet/block").exists(),
+        "the refused publish created its target"
+    );
+}
