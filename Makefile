@@ -7,32 +7,65 @@ APT_PACKAGES := e2fsprogs xfsprogs util-linux fdisk mount systemd python3-venv
 # machine's memory while the AWS SDK compiles.
 export CARGO_BUILD_JOBS ?= 2
 
-# moto server (PyPI), the EC2 API the controller tests run against, in a
-# git-ignored virtual environment.
+# moto server (PyPI), the EC2 API the controller tests run against, and
+# the deployment validators, in a git-ignored virtual environment.
 MOTO_SPEC := moto[ec2,server]>=5.1,<6
+VALIDATE_SPEC := kubernetes-validate>=1.37,<2 python-hcl2>=8,<9 pyyaml>=6,<7
 VENV := .venv
 
-.PHONY: all build test demo bench bench-smoke deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
+BINARIES := ebs-csi-agent ebs-csi-helper ebs-csi-controller
+
+# Static binaries for the images: glibc linked in (no musl target here).
+STATIC_TARGET := x86_64-unknown-linux-gnu
+STATIC_DIR := $(TARGET_DIR)/$(STATIC_TARGET)/release
+IMAGE_DIR := target/image
+IMAGE_PACKAGES := buildah podman runc
+
+# make install: PREFIX and DESTDIR as usual; PROFILE=dev installs the
+# debug build (the tests do, to spare a release build).
+PREFIX ?= /usr
+PROFILE ?= release
+BINDIR := $(PREFIX)/bin
+UNITDIR := $(PREFIX)/lib/systemd/system
+UDEVRULESDIR := $(PREFIX)/lib/udev/rules.d
+SYSUSERSDIR := $(PREFIX)/lib/sysusers.d
+TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
+DOCDIR := $(PREFIX)/share/doc/ebs-csi
+PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
+
+.PHONY: all build test demo bench bench-smoke deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean \
+	install static image image-deps validate-deploy
 
 all: build
 
-## deps: install the Debian packages the tests and the helper need.
-deps:
-	@missing=""; for p in $(APT_PACKAGES); do \
+# apt_install PACKAGES: install those not installed yet.
+define apt_install
+	@missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+endef
+
+## deps: install the Debian packages the tests and the helper need.
+deps:
+	$(call apt_install,$(APT_PACKAGES))
+
+## image-deps: buildah and podman (runc: crun does not work on this machine).
+image-deps:
+	$(call apt_install,$(IMAGE_PACKAGES))
 
 ## moto: install moto into $(VENV) once (a stamp records the spec).
 moto: $(VENV)/.moto-installed
 
 $(VENV)/.moto-installed: | deps
 	@test -x $(VENV)/bin/python || python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check '$(MOTO_SPEC)'
-	@echo '$(MOTO_SPEC)' > $@
+	$(VENV)/bin/pip install -q --disable-pip-version-check '$(MOTO_SPEC)' $(foreach p,$(VALIDATE_SPEC),'$(p)')
+	@echo '$(MOTO_SPEC) $(VALIDATE_SPEC)' > $@
 
 build:
 	$(CARGO) build --workspace --bins
@@ -42,7 +75,7 @@ build:
 test: deps moto
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
-	$(MAKE) --no-print-directory bench-smoke fuzz-smoke
+	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy image
 
 ## bench: speed and footprint against baselines measured in the same run
 ## (target/bench/report.md and report.json; docs/performance.md explains them).
@@ -72,6 +105,38 @@ fuzz: fuzz-tools
 fuzz-smoke: fuzz-tools
 	@mkdir -p fuzz/corpus/request
 	$(FUZZ) -runs=20000 -max_total_time=60
+
+## validate-deploy: the Kubernetes and Nomad artefacts against their schemas,
+## each other and the flags of the built binaries (deploy/validate.py).
+validate-deploy: moto
+	$(VENV)/bin/python deploy/validate.py $(TARGET_DIR)/debug
+	$(VENV)/bin/python deploy/validate.py $(TARGET_DIR)/debug --self-test
+
+## static: the three binaries statically linked, for the images.
+static:
+	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --release --target $(STATIC_TARGET) \
+	  $(foreach b,$(BINARIES),-p $(b)) --bins
+
+## image: the OCI images ebs-csi and ebs-csi-helper under target/image
+## (deploy/image/build.sh), then each binary's --help run inside them.
+image: image-deps static
+	deploy/image/build.sh $(STATIC_DIR) $(IMAGE_DIR) $(VERSION)
+	deploy/image/check.sh $(IMAGE_DIR) $(VERSION)
+
+## install: binaries, systemd units, udev rule, sysusers.d and tmpfiles.d.
+install:
+	$(CARGO) build --profile $(PROFILE) $(foreach b,$(BINARIES),-p $(b)) --bins
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(UDEVRULESDIR) \
+	  $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(DOCDIR)
+	install -m 0755 $(foreach b,$(BINARIES),$(PROFILE_DIR)/$(b)) $(DESTDIR)$(BINDIR)/
+	for u in systemd/*.service systemd/*.socket; do \
+	  sed 's|/usr/bin/|$(BINDIR)/|g' $$u > $(DESTDIR)$(UNITDIR)/$$(basename $$u); \
+	  chmod 0644 $(DESTDIR)$(UNITDIR)/$$(basename $$u); \
+	done
+	install -m 0644 systemd/90-ebs-csi-nvme.rules $(DESTDIR)$(UDEVRULESDIR)/
+	install -m 0644 systemd/ebs-csi.sysusers $(DESTDIR)$(SYSUSERSDIR)/ebs-csi.conf
+	install -m 0644 systemd/ebs-csi.tmpfiles $(DESTDIR)$(TMPFILESDIR)/ebs-csi.conf
+	install -m 0644 docs/helper.md docs/install-systemd.md $(DESTDIR)$(DOCDIR)/
 
 lint:
 	$(CARGO) fmt --all -- --check

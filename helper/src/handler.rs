@@ -72,13 +72,13 @@ impl Handler {
 
     /// Stage: validate options; under the lock, check and probe (see
     /// [`Handler::stage_checked`]). A blank device is claimed, rechecked
-    /// and formatted outside the lock; then every check runs again under
-    /// the lock and what is now a filesystem is mounted.
+    /// and formatted outside the lock; then, under the lock again, every
+    /// check but the probe runs again and the new filesystem is mounted.
     fn stage(&self, r: &StageRequest) -> Result<Reply, HelperError> {
         r.format.validate(r.fs_type).map_err(HelperError::InvalidRequest)?;
         let options = options::parse(Some(r.fs_type), &r.mount_flags)?;
         let exclusive = self.lock();
-        let Some(device) = self.stage_checked(r, &options)? else {
+        let Some(device) = self.stage_checked(r, &options, false)? else {
             return Ok(Reply::Done);
         };
         let claim = self.claims.claim((device.major, device.minor), &device.path)?;
@@ -88,16 +88,20 @@ impl Handler {
         format::format(&self.formatter, r.fs_type, &r.format, &device.path)?;
         let _exclusive = self.lock();
         drop(claim);
-        match self.stage_checked(r, &options)? {
-            None => Ok(Reply::Done),
-            Some(_) => Err(system("formatting", "the device is still blank")),
-        }
+        self.stage_checked(r, &options, true).map(|_| Reply::Done)
     }
 
     /// Resolves the staging directory, verifies the device, accepts an
-    /// identical existing mount, probes, and mounts a filesystem of the
-    /// requested type. Returns the device when it is blank.
-    fn stage_checked(&self, r: &StageRequest, options: &MountOptions) -> Result<Option<VerifiedDevice>, HelperError> {
+    /// identical existing mount, probes (unless this request has just
+    /// `formatted` the device, which nothing else touched while it was
+    /// claimed), and mounts a filesystem of the requested type. Returns
+    /// the device when it is blank (never when `formatted`).
+    fn stage_checked(
+        &self,
+        r: &StageRequest,
+        options: &MountOptions,
+        formatted: bool,
+    ) -> Result<Option<VerifiedDevice>, HelperError> {
         let staging = self.roots.check(&r.staging_path)?;
         let (fd, node) = open_existing(&staging, FileType::Directory)?;
         let device = self.verify(&r.volume_id, &r.device, &read_mounts()?)?;
@@ -108,7 +112,12 @@ impl Handler {
                 Err(already_mounted(&staging, &node))
             };
         }
-        match format::probe(&self.tools, &device.path)? {
+        let contents = if formatted {
+            Contents::Filesystem(r.fs_type.name().to_owned())
+        } else {
+            format::probe(&self.tools, &device.path)?
+        };
+        match contents {
             Contents::Blank => return Ok(Some(device)),
             Contents::Filesystem(found) if found == r.fs_type.name() => {}
             Contents::Filesystem(found) | Contents::Other(found) => {

@@ -30,15 +30,38 @@ struct Node {
 }
 
 impl Node {
+    /// A node laid out as a kubelet's.
     async fn start() -> Self {
         let sandbox = Sandbox::new();
         let helper = Helper::start(&sandbox, &[]);
-        let agent = Agent::start(&sandbox, &helper);
-        let client = agent.node().await;
         let staging = sandbox.mkdir("kubelet/plugins/kubernetes.io/csi/ebs.csi.aws.com/staging");
         let target = sandbox
             .kubelet()
             .join("pods/pod-1/volumes/kubernetes.io~csi/pv-1/mount");
+        Self::with_paths(sandbox, helper, staging, target).await
+    }
+
+    /// A node laid out as a Nomad client with the node plugin `aws-ebs0`
+    /// under `raw_exec`: host paths beneath the plugin's directory, the
+    /// helper's allowed root (see deploy/nomad and docs/install-nomad.md).
+    async fn start_nomad(volume_id: &str) -> Self {
+        let sandbox = Sandbox::new();
+        let plugin_dir = sandbox.mkdir("nomad/data/client/csi/node/aws-ebs0");
+        let helper = Helper::start(&sandbox, &["--allowed-root", plugin_dir.to_str().unwrap()]);
+        let usage = "rw-file-system-single-node-writer";
+        let staging = sandbox.mkdir(&format!(
+            "nomad/data/client/csi/node/aws-ebs0/staging/default/{volume_id}/{usage}"
+        ));
+        let target = plugin_dir.join(format!(
+            "per-alloc/5f3e0a4c-1b2d-4e6f-8a9b-0c1d2e3f4a5b/{volume_id}/{usage}"
+        ));
+        Self::with_paths(sandbox, helper, staging, target).await
+    }
+
+    /// Starts the agent for `helper`; stages at `staging`, publishes at `target`.
+    async fn with_paths(sandbox: Sandbox, helper: Helper, staging: PathBuf, target: PathBuf) -> Self {
+        let agent = Agent::start(&sandbox, &helper);
+        let client = agent.node().await;
         Self {
             sandbox,
             _helper: helper,
@@ -173,6 +196,24 @@ async fn stage_publish_write_and_restage_keeps_data() {
         node.unpublish(volume_id).await.unwrap();
         node.unstage(volume_id).await.unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nomad_paths_are_staged_and_published_beneath_the_plugin_directory() {
+    if !require_root() {
+        return;
+    }
+    let volume_id = "vol-0ccccccccccccccc3";
+    let mut node = Node::start_nomad(volume_id).await;
+    let _volume = node.volume(volume_id, 64);
+    let cap = mount("ext4", Mode::SingleNodeWriter);
+    node.stage(volume_id, cap.clone()).await.unwrap();
+    node.publish(volume_id, cap.clone(), false).await.unwrap();
+    assert!(is_mounted(&node.staging) && is_mounted(&node.target));
+    std::fs::write(node.target.join("hello.txt"), "from an allocation").unwrap();
+    node.unpublish(volume_id).await.unwrap();
+    node.unstage(volume_id).await.unwrap();
+    assert!(!is_mounted(&node.staging) && !node.target.exists());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -138,3 +138,87 @@ fn a_mount_made_by_the_helper_as_configured_is_visible_to_the_host() {
     }))
     .unwrap();
 }
+
+/// Runs `program` with `args`; panics with its output unless it succeeds.
+fn run_ok(program: &str, args: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new(program).args(args).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{program} {args:?} failed:\n{text}");
+    text
+}
+
+#[test]
+fn make_install_lays_out_a_node_that_systemd_accepts() {
+    use std::os::unix::fs::MetadataExt;
+    if !require_root() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let destdir = format!("DESTDIR={}", root.path().display());
+    run_ok(
+        "make",
+        &[
+            "-C".as_ref(),
+            repo.as_os_str(),
+            "--no-print-directory".as_ref(),
+            "install".as_ref(),
+            "PROFILE=dev".as_ref(),
+            destdir.as_ref(),
+        ],
+    );
+    let usr = root.path().join("usr");
+    for name in ["ebs-csi-agent", "ebs-csi-helper", "ebs-csi-controller"] {
+        let mode = std::fs::metadata(usr.join("bin").join(name)).unwrap().mode();
+        assert_eq!(mode & 0o777, 0o755, "{name}");
+    }
+    let units: Vec<PathBuf> = std::fs::read_dir(usr.join("lib/systemd/system"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(units.len(), 4, "{units:?}");
+    assert!(usr.join("lib/udev/rules.d/90-ebs-csi-nvme.rules").is_file());
+
+    // The users and directories, made by systemd's own tools in the tree.
+    std::fs::create_dir_all(root.path().join("etc")).unwrap();
+    let root_flag = format!("--root={}", root.path().display());
+    run_ok("systemd-sysusers", &[root_flag.as_ref()]);
+    let passwd = std::fs::read_to_string(root.path().join("etc/passwd")).unwrap();
+    assert!(
+        passwd.contains(&format!("ebs-csi-agent:x:{AGENT_UID_ON_NODES}:{AGENT_UID_ON_NODES}:")),
+        "{passwd}"
+    );
+    let group = std::fs::read_to_string(root.path().join("etc/group")).unwrap();
+    assert!(
+        group.contains(&format!("ebs-csi:x:{AGENT_UID_ON_NODES}:ebs-csi-agent")),
+        "{group}"
+    );
+    run_ok("systemd-tmpfiles", &["--create".as_ref(), root_flag.as_ref()]);
+    let socket_dir = std::fs::metadata(root.path().join("var/lib/kubelet/plugins/ebs.csi.aws.com")).unwrap();
+    assert_eq!(
+        (socket_dir.uid(), socket_dir.gid(), socket_dir.mode() & 0o777),
+        (AGENT_UID_ON_NODES, AGENT_UID_ON_NODES, 0o750)
+    );
+    assert!(root.path().join("run/ebs-csi").is_dir());
+
+    // Every unit, with the binaries it names in the tree and the host's
+    // standard units (targets, slices) beside it; a warning fails too.
+    let host_units = root.path().join("etc/systemd/system");
+    std::fs::create_dir_all(&host_units).unwrap();
+    run_ok(
+        "cp",
+        &["-a".as_ref(), "/lib/systemd/system/.".as_ref(), host_units.as_os_str()],
+    );
+    let mut args: Vec<&std::ffi::OsStr> = vec!["verify".as_ref(), root_flag.as_ref()];
+    args.extend(units.iter().map(|u| u.as_os_str()));
+    let warnings = run_ok("systemd-analyze", &args);
+    assert!(warnings.trim().is_empty(), "systemd-analyze verify:\n{warnings}");
+}
+
+/// The agent's uid and the ebs-csi group's gid on installed nodes
+/// (`systemd/ebs-csi.sysusers`, the helper unit's `--allowed-uid`).
+const AGENT_UID_ON_NODES: u32 = 990;

@@ -1,6 +1,7 @@
 //! Serving a CSI endpoint: what both gRPC binaries share.
 
 use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
@@ -30,16 +31,20 @@ pub fn socket_path(endpoint: &str) -> Result<PathBuf, InvalidEndpoint> {
 }
 
 /// Listens on `socket`, replacing a stale socket file left by an earlier
-/// run.
+/// run. The socket is mode 0660: the service's user and group may connect
+/// (kubelet and Nomad connect as root; sidecars that run without
+/// capabilities connect through the group).
 ///
 /// # Errors
-/// The error removing the old file or binding.
+/// The error removing the old file, binding or setting the mode.
 pub fn bind(socket: &Path) -> io::Result<UnixListenerStream> {
     match std::fs::remove_file(socket) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
-    Ok(UnixListenerStream::new(UnixListener::bind(socket)?))
+    let listener = UnixListener::bind(socket)?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o660))?;
+    Ok(UnixListenerStream::new(listener))
 }
 
 /// Completes on SIGTERM or SIGINT (never, if the handlers cannot be set).
@@ -103,5 +108,16 @@ mod tests {
         for bad in ["tcp://127.0.0.1:1", "unix://relative", "/csi.sock"] {
             assert!(socket_path(bad).is_err(), "{bad}");
         }
+    }
+
+    #[tokio::test]
+    async fn binds_over_a_stale_socket_with_mode_0660() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("csi.sock");
+        std::fs::write(&socket, b"stale").unwrap();
+        let _listener = bind(&socket).unwrap();
+        let metadata = std::fs::metadata(&socket).unwrap();
+        assert!(std::os::unix::fs::FileTypeExt::is_socket(&metadata.file_type()));
+        assert_eq!(metadata.permissions().mode() & 0o777, 0o660);
     }
 }

@@ -1,0 +1,44 @@
+#!/bin/sh
+# Runs every binary of the images built by build.sh with --help (and each
+# tool of the helper image with its version flag) under podman and runc,
+# and fails if any does not start.
+# Usage: check.sh IMAGE_DIR VERSION
+set -eu
+dir=$1 version=$2
+# podman IMAGE ARGS...: run in a fresh container. crun does not work on
+# this machine; the ulimits are needed here too.
+in_container() {
+    image=$1
+    shift
+    podman --storage-driver vfs --runtime runc run --rm --network none \
+        --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 \
+        "localhost/$image:$version" "$@" 2>&1
+}
+# run IMAGE ARGS...: must exit 0.
+run() {
+    in_container "$@" >/dev/null
+    echo "ok: $*"
+}
+# tool_version PATH EXPECTED: `PATH -V` prints EXPECTED (resize2fs -V
+# exits 1 by design, so the exit status is not used).
+tool_version() {
+    out=$(in_container ebs-csi-helper "$1" -V || true)
+    case "$out" in
+    *"$2"*) echo "ok: $1: $(echo "$out" | head -n1)" ;;
+    *) echo "$1 does not run in ebs-csi-helper: $out" >&2; exit 1 ;;
+    esac
+}
+for image in ebs-csi ebs-csi-helper; do
+    podman --storage-driver vfs load --quiet --input "$dir/$image.oci.tar" >/dev/null
+done
+for b in ebs-csi-agent ebs-csi-controller ebs-csi-helper; do
+    run ebs-csi "/usr/bin/$b" --help
+done
+run ebs-csi-helper /usr/bin/ebs-csi-helper --help
+for tool in mkfs.ext2 mkfs.ext3 mkfs.ext4; do
+    tool_version "/usr/sbin/$tool" "mke2fs 1."
+done
+tool_version /usr/sbin/resize2fs "resize2fs 1."
+tool_version /usr/sbin/mkfs.xfs "mkfs.xfs version"
+tool_version /usr/sbin/xfs_growfs "xfs_growfs version"
+tool_version /usr/sbin/blkid "util-linux"

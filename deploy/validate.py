@@ -1,0 +1,362 @@
+"""Checks the deployment artefacts under deploy/ against the schemas and
+against each other, and every flag they pass against the binaries.
+
+Usage: validate.py BIN_DIR [--self-test]
+  BIN_DIR      the directory holding the three built binaries (their
+               --help lists the flags they accept)
+  --self-test  instead, break copies of the files in each way checked
+               below and fail unless every break is reported
+
+Kubernetes: each overlay is rendered with `kubectl kustomize` and every
+object is checked with kubernetes-validate --strict (Kubernetes
+KUBERNETES_VERSION); kinds it has no schema for (the snapshot CRDs) are
+checked field by field here. Then: the agent container is unprivileged,
+the helper container is the only privileged one, and the helper admits
+the agent's uid and group. Nomad: every .hcl parses (python-hcl2), plugin
+ids and types agree across the jobs and the volume, and the helper's
+systemd drop-in allows the node plugin's directory. Prints one line per
+failure and exits 1 if there was any.
+"""
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import hcl2
+import kubernetes_validate
+import yaml
+from hcl2.utils import SerializationOptions
+
+KUBERNETES_VERSION = "1.37"
+DEPLOY = Path(__file__).resolve().parent
+OVERLAYS = ["hardened", "standard"]
+AGENT_UID = 990
+AGENT_CONTAINER = "ebs-plugin"
+HELPER_CONTAINER = "ebs-csi-helper"
+DRIVER = "ebs.csi.aws.com"
+
+failures = []
+
+
+def fail(where, message):
+    failures.append(f"{where}: {message}")
+
+
+def accepted_flags(bin_dir, binary):
+    """The long flags `binary --help` lists."""
+    help_text = subprocess.run(
+        [str(bin_dir / binary), "--help"], check=True, capture_output=True, text=True
+    ).stdout
+    return set(re.findall(r"(--[a-z][a-z0-9-]*)", help_text))
+
+
+def check_args(where, flags, args):
+    """Every `--flag` or `--flag=value` in args is a flag the binary accepts."""
+    for arg in args:
+        if arg.startswith("--") and arg.split("=", 1)[0] not in flags:
+            fail(where, f"{arg} is not a flag of the binary")
+
+
+def flag_value(args, flag):
+    """The value of `--flag=value` or `--flag value` in args, or None."""
+    for i, arg in enumerate(args):
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+# Kubernetes -----------------------------------------------------------
+
+
+def check_snapshot_class(where, obj):
+    allowed = {"apiVersion", "kind", "metadata", "driver", "deletionPolicy", "parameters"}
+    for key in set(obj) - allowed:
+        fail(where, f"unknown field {key}")
+    if obj.get("driver") != DRIVER:
+        fail(where, f"driver is {obj.get('driver')!r}, not {DRIVER}")
+    if obj.get("deletionPolicy") not in ("Delete", "Retain"):
+        fail(where, "deletionPolicy must be Delete or Retain")
+
+
+def validate_schema(where, obj):
+    if obj.get("apiVersion", "").startswith("snapshot.storage.k8s.io/"):
+        check_snapshot_class(where, obj)
+        return
+    try:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        fail(where, f"{'.'.join(map(str, e.path))}: {e.message}")
+    except kubernetes_validate.utils.SchemaNotFoundError as e:
+        fail(where, f"no schema: {e}")
+
+
+def containers(pod_spec):
+    return pod_spec.get("initContainers", []) + pod_spec.get("containers", [])
+
+
+def is_privileged(container):
+    context = container.get("securityContext", {})
+    caps = context.get("capabilities", {})
+    return context.get("privileged", False) or "SYS_ADMIN" in caps.get("add", []) or "ALL" in caps.get("add", [])
+
+
+def check_agent(where, pod_spec, agent):
+    context = {**pod_spec.get("securityContext", {}), **agent.get("securityContext", {})}
+    expected = {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": AGENT_UID,
+        "runAsGroup": AGENT_UID,
+    }
+    for key, value in expected.items():
+        if context.get(key) != value:
+            fail(where, f"agent securityContext.{key} is {context.get(key)!r}, not {value!r}")
+    caps = context.get("capabilities", {})
+    if caps.get("drop") != ["ALL"] or caps.get("add"):
+        fail(where, "the agent must drop all capabilities and add none")
+    if any(m.get("mountPropagation") == "Bidirectional" for m in agent.get("volumeMounts", [])):
+        fail(where, "the agent must not have Bidirectional mount propagation")
+    if any(e["name"].startswith("AWS_") for e in agent.get("env", [])):
+        fail(where, "the agent must have no AWS settings or credentials")
+    if pod_spec.get("automountServiceAccountToken") is not False:
+        fail(where, "the node pod must not mount a Kubernetes token")
+
+
+def check_helper(where, pod_spec, agent, helper):
+    """The containerised helper admits the agent's uid and group, and they
+    share the socket."""
+    args = helper.get("args", [])
+    if flag_value(args, "--allowed-uid") != str(AGENT_UID) or flag_value(args, "--socket-group") != str(AGENT_UID):
+        fail(where, f"the helper must allow uid and group {AGENT_UID}")
+    helper_socket = flag_value(args, "--socket")
+    if helper_socket != flag_value(agent.get("args", []), "--helper-socket"):
+        fail(where, "the agent's --helper-socket is not the helper's --socket")
+    if not any(m.get("mountPropagation") == "Bidirectional" for m in helper.get("volumeMounts", [])):
+        fail(where, "the helper's kubelet directory needs Bidirectional propagation")
+
+
+def check_node(where, daemonset, helper_in_pod):
+    pod_spec = daemonset["spec"]["template"]["spec"]
+    by_name = {c["name"]: c for c in containers(pod_spec)}
+    agent = by_name.get(AGENT_CONTAINER)
+    if agent is None:
+        return fail(where, f"no {AGENT_CONTAINER} container")
+    check_agent(where, pod_spec, agent)
+    socket_dir = str(Path(flag_value(agent.get("args", []), "--helper-socket") or "/").parent)
+    if not any(m["mountPath"] == socket_dir for m in agent.get("volumeMounts", [])):
+        fail(where, f"the agent does not mount the helper's socket directory {socket_dir}")
+    helper = by_name.get(HELPER_CONTAINER)
+    if helper_in_pod != (helper is not None):
+        fail(where, f"a helper container is {'missing' if helper_in_pod else 'present'}")
+    if helper is not None:
+        check_helper(where, pod_spec, agent, helper)
+
+
+def check_overlay(overlay, flags):
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(DEPLOY / "kubernetes/overlays" / overlay)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    objects = [o for o in yaml.safe_load_all(rendered) if o]
+    for obj in objects:
+        where = f"{overlay}: {obj['kind']}/{obj['metadata']['name']}"
+        validate_schema(where, obj)
+        pod_spec = obj.get("spec", {}).get("template", {}).get("spec")
+        if pod_spec is None:
+            continue
+        for container in containers(pod_spec):
+            command = container.get("command", [""])[0]
+            if command.startswith("/usr/bin/ebs-csi-"):
+                check_args(f"{where} {container['name']}", flags[Path(command).name], container.get("args", []))
+            privileged_allowed = overlay == "standard" and container["name"] == HELPER_CONTAINER
+            if is_privileged(container) != privileged_allowed:
+                state = "privileged" if is_privileged(container) else "not privileged"
+                fail(f"{where} {container['name']}", f"is {state}")
+        if obj["kind"] == "DaemonSet":
+            check_node(where, obj, helper_in_pod=overlay == "standard")
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    if ("CSIDriver", DRIVER) not in kinds:
+        fail(overlay, f"no CSIDriver {DRIVER}")
+
+
+def check_examples():
+    for path in sorted((DEPLOY / "kubernetes/examples").glob("*.yaml")):
+        for obj in yaml.safe_load_all(path.read_text()):
+            where = f"{path.name}: {obj['kind']}/{obj['metadata']['name']}"
+            validate_schema(where, obj)
+            driver = obj.get("provisioner") or obj.get("driverName") or obj.get("driver")
+            if obj["kind"].endswith("Class") and driver != DRIVER:
+                fail(where, f"names driver {driver!r}, not {DRIVER}")
+
+
+# Nomad ----------------------------------------------------------------
+
+HCL_OPTIONS = SerializationOptions(strip_string_quotes=True, explicit_blocks=False, with_comments=False)
+
+
+def load_hcl(name):
+    with open(DEPLOY / "nomad" / name) as f:
+        return hcl2.load(f, serialization_options=HCL_OPTIONS)
+
+
+def unquote(key):
+    return key.strip('"')
+
+
+def single(blocks):
+    """The one labelled block of a list like [{"label": {...}}]."""
+    (label, body), = blocks[0].items()
+    return unquote(label), body
+
+
+def tasks(job_file):
+    _, job = single(load_hcl(job_file)["job"])
+    for group in job.get("group", []):
+        _, group_body = single([group])
+        for task in group_body.get("task", []):
+            yield job, group_body, single([task])
+
+
+def check_nomad(flags):
+    plugins = {}
+    for job_file, plugin_type, binary in [
+        ("ebs-csi-controller.nomad.hcl", "controller", "ebs-csi-controller"),
+        ("ebs-csi-node.nomad.hcl", "node", "ebs-csi-agent"),
+    ]:
+        (job, _, (name, task)), = list(tasks(job_file))
+        where = f"{job_file} task {name}"
+        plugin = task["csi_plugin"][0]
+        plugins[plugin_type] = plugin["id"]
+        if plugin["type"] != plugin_type:
+            fail(where, f"csi_plugin type is {plugin['type']!r}, not {plugin_type!r}")
+        for field in ("mount_dir", "health_timeout"):
+            if field not in plugin:
+                fail(where, f"csi_plugin has no {field}")
+        base = plugin.get("stage_publish_base_dir")
+        if base and (base + "/").startswith(plugin["mount_dir"].rstrip("/") + "/"):
+            fail(where, "stage_publish_base_dir must not lie inside mount_dir")
+        if task.get("user") in (None, "root"):
+            fail(where, "the plugin must run as an unprivileged user")
+        if task["config"][0].get("privileged"):
+            fail(where, "the plugin must not be privileged")
+        config = task["config"][0]
+        if config["command"] != f"/usr/bin/{binary}":
+            fail(where, f"runs {config['command']}, not /usr/bin/{binary}")
+        check_args(where, flags[binary], config.get("args", []))
+        if plugin_type == "node":
+            if task["driver"] != "raw_exec":
+                fail(where, "the node plugin needs host paths: raw_exec, no filesystem isolation")
+            check_helper_dropin(plugin["id"], flags["ebs-csi-helper"])
+    if plugins["controller"] != plugins["node"]:
+        fail("nomad", f"plugin ids differ: {plugins}")
+    volume = load_hcl("volume.hcl")
+    if volume["plugin_id"] != plugins["node"]:
+        fail("volume.hcl", f"plugin_id {volume['plugin_id']!r} is not {plugins['node']!r}")
+    capabilities = {(c["access_mode"], c["attachment_mode"]) for c in volume["capability"]}
+    for job, group, (name, task) in tasks("writer.nomad.hcl"):
+        for label_and_body in group.get("volume", []):
+            _, claim = single([label_and_body])
+            if claim["source"] != volume["id"]:
+                fail("writer.nomad.hcl", f"claims volume {claim['source']!r}, not {volume['id']!r}")
+            if (claim["access_mode"], claim["attachment_mode"]) not in capabilities:
+                fail("writer.nomad.hcl", "claims a capability the volume does not have")
+
+
+def check_helper_dropin(plugin_id, helper_flags):
+    where = "ebs-csi-helper-nomad.conf"
+    text = (DEPLOY / "nomad" / where).read_text()
+    exec_start = [line.split("=", 1)[1] for line in text.splitlines() if line.startswith("ExecStart=")]
+    if len(exec_start) != 2 or exec_start[0] != "":
+        return fail(where, "must reset ExecStart, then set it once")
+    args = exec_start[1].split()[1:]
+    check_args(where, helper_flags, args)
+    root = flag_value(args, "--allowed-root") or ""
+    if not root.endswith(f"/client/csi/node/{plugin_id}"):
+        fail(where, f"--allowed-root {root!r} is not <data_dir>/client/csi/node/{plugin_id}")
+    if flag_value(args, "--allowed-uid") != str(AGENT_UID):
+        fail(where, f"--allowed-uid must be the agent's uid {AGENT_UID}")
+
+
+def check_all(flags):
+    for overlay in OVERLAYS:
+        check_overlay(overlay, flags)
+    check_examples()
+    check_nomad(flags)
+
+
+# Each break: (file under deploy/, text, replacement, a part of the
+# failure it must cause).
+BREAKS = [
+    ("kubernetes/base/node.yaml", "- --helper-socket=/run/ebs-csi/helper.sock", "- --no-such-flag", "--no-such-flag"),
+    ("kubernetes/base/node.yaml", "runAsUser: 990", "runAsUser: 0", "runAsUser is 0"),
+    ("kubernetes/base/node.yaml", "drop: [ALL]\n          volumeMounts:\n            - name: plugin-dir\n",
+     "drop: [ALL]\n              add: [SYS_ADMIN]\n          volumeMounts:\n            - name: plugin-dir\n",
+     "ebs-plugin: is privileged"),
+    ("kubernetes/base/controller.yaml", "  replicas: 2", "  replicas: 2\n  paused: maybe", "paused"),
+    ("kubernetes/overlays/standard/helper-container.yaml", "privileged: true", "privileged: false",
+     "ebs-csi-helper: is not privileged"),
+    ("kubernetes/overlays/standard/helper-container.yaml", "--allowed-uid=990", "--allowed-uid=0",
+     "must allow uid and group"),
+    ("kubernetes/overlays/hardened/helper-socket.yaml", "mountPath: /run/ebs-csi", "mountPath: /run/other",
+     "helper's socket directory"),
+    ("kubernetes/examples/volumesnapshotclass.yaml", "deletionPolicy: Delete", "deletionPolicy: Keep",
+     "deletionPolicy"),
+    ("kubernetes/examples/storageclass.yaml", "provisioner: ebs.csi.aws.com", "provisioner: ebs.csi.aws.org",
+     "names driver"),
+    ("nomad/ebs-csi-controller.nomad.hcl", '"aws-ebs0"', '"aws-ebs1"', "plugin ids differ"),
+    ("nomad/ebs-csi-node.nomad.hcl", '"raw_exec"', '"exec"', "raw_exec"),
+    ("nomad/ebs-csi-node.nomad.hcl", 'user   = "ebs-csi-agent"', 'user   = "root"', "unprivileged user"),
+    ("nomad/ebs-csi-node.nomad.hcl", '"--helper-socket"', '"--helper-sock"', "--helper-sock is not a flag"),
+    ("nomad/ebs-csi-helper-nomad.conf", "node/aws-ebs0", "node/aws-ebs9", "--allowed-root"),
+    ("nomad/volume.hcl", 'plugin_id = "aws-ebs0"', 'plugin_id = "other"', "plugin_id"),
+    ("nomad/writer.nomad.hcl", 'source          = "data"', 'source          = "other"', "claims volume"),
+]
+
+
+def self_test(flags):
+    global DEPLOY
+    original, missed = DEPLOY, []
+    for file, text, replacement, expected in BREAKS:
+        with tempfile.TemporaryDirectory() as copy:
+            DEPLOY = Path(copy) / "deploy"
+            shutil.copytree(original, DEPLOY)
+            target = DEPLOY / file
+            content = target.read_text()
+            if text not in content:
+                missed.append(f"{file}: {text!r} is not in the file")
+                continue
+            target.write_text(content.replace(text, replacement, 1))
+            failures.clear()
+            check_all(flags)
+            if not any(expected in f for f in failures):
+                missed.append(f"{file}: {text!r} -> {replacement!r} was not reported ({failures})")
+    DEPLOY = original
+    failures.clear()
+    failures.extend(missed)
+    print(f"self-test: {len(BREAKS)} breaks, {len(missed)} not reported")
+
+
+def main():
+    bin_dir = Path(sys.argv[1])
+    flags = {b: accepted_flags(bin_dir, b) for b in ("ebs-csi-agent", "ebs-csi-controller", "ebs-csi-helper")}
+    if sys.argv[2:] == ["--self-test"]:
+        self_test(flags)
+    else:
+        check_all(flags)
+        print(f"deploy/: {len(failures)} problem(s)")
+    for failure in failures:
+        print(f"FAIL {failure}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
