@@ -23,6 +23,13 @@ STATIC_DIR := $(TARGET_DIR)/$(STATIC_TARGET)/release
 IMAGE_DIR := target/image
 IMAGE_PACKAGES := buildah podman runc
 
+# The NVMe test VM (tests/tests/nvme_vm.rs): QEMU, Debian's cloud kernel
+# (NVMe and PCI hot-plug built in; xfs as a module) unpacked from its
+# package without installing it, and an initramfs of static binaries.
+VM_DIR := target/vm
+VM_PACKAGES := qemu-system-x86 busybox-static cpio
+KERNEL_PACKAGE := linux-image-cloud-amd64
+
 # make install: PREFIX and DESTDIR as usual; PROFILE=dev installs the
 # debug build (the tests do, to spare a release build).
 PREFIX ?= /usr
@@ -36,7 +43,7 @@ DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
 .PHONY: all build test demo bench bench-smoke deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean \
-	install static image image-deps validate-deploy
+	install static image image-deps validate-deploy vm vm-deps
 
 all: build
 
@@ -54,6 +61,10 @@ endef
 ## deps: install the Debian packages the tests and the helper need.
 deps:
 	$(call apt_install,$(APT_PACKAGES))
+
+## vm-deps: QEMU, busybox and cpio for the NVMe test VM.
+vm-deps:
+	$(call apt_install,$(VM_PACKAGES))
 
 ## image-deps: buildah and podman (runc: crun does not work on this machine).
 image-deps:
@@ -74,7 +85,8 @@ build:
 ## real helper and agent over loop devices.
 test: deps moto
 	$(CARGO) build --workspace --bins
-	$(CARGO) test --workspace --no-fail-fast
+	$(MAKE) --no-print-directory vm
+	EBS_CSI_VM_DIR=$(CURDIR)/$(VM_DIR) $(CARGO) test --workspace --no-fail-fast
 	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy image
 
 ## bench: speed and footprint against baselines measured in the same run
@@ -112,10 +124,26 @@ validate-deploy: moto
 	$(VENV)/bin/python deploy/validate.py $(TARGET_DIR)/debug
 	$(VENV)/bin/python deploy/validate.py $(TARGET_DIR)/debug --self-test
 
-## static: the three binaries statically linked, for the images.
+## static: the three binaries statically linked, for the images, and the
+## scenario driver of the NVMe test VM (one build: one feature set).
 static:
 	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --release --target $(STATIC_TARGET) \
-	  $(foreach b,$(BINARIES),-p $(b)) --bins
+	  $(foreach b,$(BINARIES),-p $(b)) -p ebs-csi-tests $(foreach b,$(BINARIES) ebs-csi-vm-guest,--bin $(b))
+
+## vm: the kernel and initramfs of the NVMe test VM under target/vm.
+vm: vm-deps static $(VM_DIR)/vmlinuz
+	tests/vm/build-initramfs.sh $(STATIC_DIR) $(VM_DIR)/modules $(VM_DIR)/initramfs.gz
+
+$(VM_DIR)/vmlinuz: | vm-deps
+	rm -rf $(VM_DIR)/kernel && mkdir -p $(VM_DIR)/kernel $(VM_DIR)/modules
+	cd $(VM_DIR)/kernel && \
+	  pkg=$$(apt-cache depends $(KERNEL_PACKAGE) | sed -n 's/^ *Depends: \(linux-image-.*\)$$/\1/p' | head -n1) && \
+	  { apt-get download $$pkg 2>/dev/null || { apt-get update -qq && apt-get download $$pkg; }; } && \
+	  dpkg-deb --fsys-tarfile $${pkg}_*.deb | \
+	    tar -x --wildcards './boot/vmlinuz-*' '*/kernel/fs/xfs/xfs.ko' '*/kernel/lib/libcrc32c.ko'
+	find $(VM_DIR)/kernel -name '*.ko' -exec cp {} $(VM_DIR)/modules/ \;
+	cp $(VM_DIR)/kernel/boot/vmlinuz-* $@.part && mv $@.part $@
+	rm -rf $(VM_DIR)/kernel
 
 ## image: the OCI images ebs-csi and ebs-csi-helper under target/image
 ## (deploy/image/build.sh), then each binary's --help run inside them.

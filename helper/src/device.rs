@@ -19,11 +19,29 @@ use crate::nvme::{self, EBS_MODEL, EBS_VENDOR_ID};
 use crate::path::AllowedRoots;
 
 /// Which devices may stand for an EBS volume.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct IdentityPolicy {
+    /// The PCI vendor id Identify Controller must report: Amazon's
+    /// ([`EBS_VENDOR_ID`]) except in tests on emulated controllers
+    /// (`--nvme-vendor-id`).
+    pub nvme_vendor_id: u16,
+    /// The model number Identify Controller must report: EBS's
+    /// ([`EBS_MODEL`]) except in tests (`--nvme-model`).
+    pub nvme_model: String,
     /// Also accept a loop device whose backing file's name contains the
     /// volume id (demos and tests only: `--allow-loop-devices`).
     pub allow_loop_devices: bool,
+}
+
+impl Default for IdentityPolicy {
+    /// EBS volumes only.
+    fn default() -> Self {
+        Self {
+            nvme_vendor_id: EBS_VENDOR_ID,
+            nvme_model: EBS_MODEL.to_owned(),
+            allow_loop_devices: false,
+        }
+    }
 }
 
 /// A whole-disk block device proved to be a given volume, held open.
@@ -132,7 +150,7 @@ pub fn verify(
         DeviceKind::NvmeNamespace => {
             let id = nvme::identify_controller(file.as_fd())
                 .map_err(|e| refuse(format!("NVMe Identify Controller failed: {e}")))?;
-            if id.vendor_id != EBS_VENDOR_ID || id.model != EBS_MODEL {
+            if id.vendor_id != policy.nvme_vendor_id || id.model != policy.nvme_model {
                 return Err(refuse(format!(
                     "controller is {:?} (vendor {:#06x}), not an EBS volume",
                     id.model, id.vendor_id

@@ -12,6 +12,7 @@ use ebs_csi_helper::device::IdentityPolicy;
 use ebs_csi_helper::exec::Executor;
 use ebs_csi_helper::handler::Handler;
 use ebs_csi_helper::harden;
+use ebs_csi_helper::nvme::{EBS_MODEL, EBS_VENDOR_ID};
 use ebs_csi_helper::path::AllowedRoots;
 use ebs_csi_helper::server::{self, ServerConfig};
 
@@ -44,6 +45,15 @@ struct Args {
     /// for blank volumes wait their turn.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     max_parallel_formats: u16,
+    /// The NVMe model number a volume's controller must report. For tests
+    /// on emulated controllers only (QEMU reports "QEMU NVMe Ctrl"); the
+    /// serial check is unchanged.
+    #[arg(long, default_value = EBS_MODEL, hide_short_help = true)]
+    nvme_model: String,
+    /// The PCI vendor id (e.g. 0x1d0f) a volume's controller must report.
+    /// For tests on emulated controllers only (QEMU's is 0x1b36).
+    #[arg(long, default_value = "0x1d0f", value_parser = parse_vendor_id, hide_short_help = true)]
+    nvme_vendor_id: u16,
     /// Connections served at once; more are answered "busy".
     #[arg(long, default_value_t = 16)]
     max_connections: usize,
@@ -81,14 +91,15 @@ fn main() -> anyhow::Result<()> {
     let formatter =
         Executor::start("formatter", args.max_parallel_formats.into()).context("starting the executor threads")?;
     harden::install_seccomp().context("installing the seccomp filter")?;
-    let handler = Arc::new(Handler::new(
-        roots,
-        IdentityPolicy {
-            allow_loop_devices: args.allow_loop_devices,
-        },
-        tools,
-        formatter,
-    ));
+    let policy = IdentityPolicy {
+        nvme_vendor_id: args.nvme_vendor_id,
+        nvme_model: args.nvme_model,
+        allow_loop_devices: args.allow_loop_devices,
+    };
+    if policy.nvme_vendor_id != EBS_VENDOR_ID || policy.nvme_model != EBS_MODEL {
+        tracing::warn!(vendor_id = policy.nvme_vendor_id, model = %policy.nvme_model, "test mode: accepting NVMe controllers that are not EBS volumes");
+    }
+    let handler = Arc::new(Handler::new(roots, policy, tools, formatter));
     let config = ServerConfig {
         allowed_uids: args.allowed_uids,
         max_connections: args.max_connections,
@@ -97,6 +108,12 @@ fn main() -> anyhow::Result<()> {
     tracing::info!(socket = %args.socket.display(), allowed_uids = ?config.allowed_uids, allowed_roots = ?args.allowed_roots, allow_loop_devices = args.allow_loop_devices, max_parallel_formats = args.max_parallel_formats, "serving");
     // 8. Serve.
     server::serve(&listener, handler, &config).context("serving")
+}
+
+/// A PCI vendor id in hex (`0x1d0f`).
+fn parse_vendor_id(text: &str) -> Result<u16, String> {
+    let digits = text.strip_prefix("0x").ok_or("expected hex, e.g. 0x1d0f")?;
+    u16::from_str_radix(digits, 16).map_err(|e| e.to_string())
 }
 
 /// Binds the socket, replacing a stale one, owned by root and `group`.

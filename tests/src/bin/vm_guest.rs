@@ -1,0 +1,397 @@
+//! `ebs-csi-vm-guest`: the NVMe scenarios, run inside the test VM of
+//! `tests/tests/nvme_vm.rs` (started by the VM's `/init`, as root).
+//!
+//! The VM boots with three emulated NVMe disks whose serials are EBS-style
+//! (`BOOT_VOLUMES`); more are hot-plugged on request. The guest talks to
+//! the host over its console: it prints `@@PLUG <id> <serial>` and
+//! `@@UNPLUG <id>` for the host to act on through QMP, and one
+//! `@@SCENARIO <n> ok: …` line per scenario. Any failure panics, which
+//! `/init` reports as a non-zero `@@EXIT`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test driver: a failed step fails the suite"
+)]
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ebs_csi_helper::nvme::identify_controller;
+use ebs_csi_helper_proto::{
+    ClientError, FormatOptions, FsType, HelperClient, HelperError, Request, StageRequest, VolumeId,
+};
+use ebs_csi_proto::v1::node_client::NodeClient;
+use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
+use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use ebs_csi_proto::v1::{
+    NodeGetVolumeStatsRequest, NodeStageVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
+};
+use ebs_csi_tests::children::children_named;
+use ebs_csi_tests::{AGENT_UID, channel, run_as};
+use tonic::transport::Channel;
+
+/// The disks QEMU starts with (`tests/tests/nvme_vm.rs` passes the same).
+const BOOT_VOLUMES: [&str; 3] = [
+    "vol-0aaaaaaaaaaaaaaa1",
+    "vol-0bbbbbbbbbbbbbbb2",
+    "vol-0ccccccccccccccc3",
+];
+const HELPER_SOCKET: &str = "/run/ebs-csi/helper.sock";
+const CSI_SOCKET: &str = "/run/csi/csi.sock";
+const KUBELET: &str = "/var/lib/kubelet";
+
+#[tokio::main]
+async fn main() {
+    let mut helper = start_helper();
+    let mut agent = start_agent();
+    let mut node = NodeClient::new(channel(Path::new(CSI_SOCKET)).await);
+    identify_and_map(&mut node).await;
+    unprivileged_identify(&mut node).await;
+    let staged = hot_plug_during_stage(&mut node, helper.id()).await;
+    hot_unplug_while_staged(&mut node, &staged).await;
+    refuses_other_devices();
+    for child in [&mut agent, &mut helper] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// 1. Identify Controller on controller and namespace nodes returns the
+///    serial QEMU was given; the agent stages the right disk among several
+///    and never takes one whose serial differs.
+async fn identify_and_map(node: &mut NodeClient<Channel>) {
+    for volume in BOOT_VOLUMES {
+        let (controller, namespace) = wait_for_disk(&serial(volume), Duration::from_secs(10)).unwrap();
+        for path in [&controller, &namespace] {
+            let id = identify_controller(std::fs::File::open(path).unwrap()).unwrap();
+            assert_eq!(id.serial, serial(volume), "{}", path.display());
+            assert_eq!((id.vendor_id, id.model.as_str()), (0x1b36, "QEMU NVMe Ctrl"));
+        }
+    }
+    let volume = BOOT_VOLUMES[1];
+    let (_, namespace) = wait_for_disk(&serial(volume), Duration::ZERO).unwrap();
+    let started = Instant::now();
+    let staging = stage(node, volume, "ext4").await.unwrap();
+    let took = started.elapsed();
+    let wrong = "the mount is not the volume's disk";
+    assert_eq!(mounted_device(&staging), device_number(&namespace), "{wrong}");
+    unstage(node, volume, &staging).await;
+    let missing = stage(node, "vol-0eeeeeeeeeeeeeee9", "ext4").await.unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::Unavailable, "{missing}");
+    let on = namespace.display();
+    report(1, &format!("3 disks identified; {volume} staged on {on} in {took:?}"));
+}
+
+/// 2. The agent runs as uid 65534, to whom this kernel refuses Identify;
+///    it finds the volume through sysfs, and the helper's own Identify as
+///    root passes.
+async fn unprivileged_identify(node: &mut NodeClient<Channel>) {
+    let volume = BOOT_VOLUMES[0];
+    let (controller, _) = wait_for_disk(&serial(volume), Duration::ZERO).unwrap();
+    rustix::fs::chmod(&controller, rustix::fs::Mode::from_raw_mode(0o644)).unwrap();
+    let refused = run_as(AGENT_UID, move || {
+        identify_controller(std::fs::File::open(controller).unwrap())
+    });
+    let error = refused.expect_err("this kernel allows Identify without CAP_SYS_ADMIN");
+    let started = Instant::now();
+    let staging = stage(node, volume, "xfs").await.unwrap();
+    let took = started.elapsed();
+    unstage(node, volume, &staging).await;
+    report(
+        2,
+        &format!("Identify as uid {AGENT_UID}: {error}; staged through sysfs in {took:?}"),
+    );
+}
+
+/// 3. NodeStage starts before the disk exists; the disk is hot-plugged and
+///    staged (ext4, then xfs). The delay measured is from the namespace
+///    appearing to the helper (`helper_pid`) starting `mkfs`: the agent
+///    noticing the disk, asking the helper, and the helper's checks and
+///    probe. Returns the staged volumes and their paths.
+async fn hot_plug_during_stage(node: &mut NodeClient<Channel>, helper_pid: u32) -> Vec<(String, PathBuf)> {
+    let mut staged = Vec::new();
+    for (id, volume, fs) in [
+        ("hp1", "vol-0ddddddddddddddd4", "ext4"),
+        ("hp2", "vol-0fffffffffffffff6", "xfs"),
+    ] {
+        let mut client = node.clone();
+        let stage_call = tokio::spawn(async move { stage(&mut client, volume, fs).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !stage_call.is_finished(),
+            "NodeStage of {volume} returned before its disk existed"
+        );
+        let plugged = Instant::now();
+        println!("@@PLUG {id} {}", serial(volume));
+        let watch = tokio::task::spawn_blocking(move || watch_appearance(volume, helper_pid));
+        let staging = stage_call.await.unwrap().unwrap();
+        let (controller_at, namespace_at, window, mkfs_at) = watch.await.unwrap();
+        let done = plugged.elapsed();
+        assert_eq!(mount_type(&staging), fs);
+        let noticed = mkfs_at.saturating_sub(namespace_at);
+        report(
+            3,
+            &format!(
+                "{volume} ({fs}): controller after {controller_at:?}, namespace after {namespace_at:?} \
+                 (controller without namespace seen: {window}), staged after {done:?}; \
+                 mkfs started {noticed:?} after the namespace appeared"
+            ),
+        );
+        staged.push((volume.to_owned(), staging));
+    }
+    staged
+}
+
+/// 4. A staged disk is hot-unplugged: NodeGetVolumeStats reports an
+///    abnormal condition, and NodeUnstage still succeeds and leaves no mount.
+async fn hot_unplug_while_staged(node: &mut NodeClient<Channel>, staged: &[(String, PathBuf)]) {
+    let (volume, staging) = &staged[0];
+    println!("@@UNPLUG hp1");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while find_controller(&serial(volume)).is_some() {
+        assert!(Instant::now() < deadline, "{volume} was not unplugged");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stats = node
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: volume.clone(),
+            volume_path: staging.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let condition = stats.volume_condition.unwrap();
+    assert!(condition.abnormal, "{condition:?}");
+    unstage(node, volume, staging).await;
+    report(4, &format!("{volume} unplugged: \"{}\"; unstaged", condition.message));
+    for (volume, staging) in &staged[1..] {
+        unstage(node, volume, staging).await;
+    }
+}
+
+/// 5. The helper refuses a hot-plugged disk whose serial is not the
+///    requested volume's, and devices that are not NVMe namespaces.
+fn refuses_other_devices() {
+    println!("@@PLUG hp3 {}", serial("vol-0999999999999999a"));
+    let (controller, namespace) = wait_for_disk(&serial("vol-0999999999999999a"), Duration::from_secs(10)).unwrap();
+    for device in [
+        namespace,
+        controller,
+        PathBuf::from("/dev/mem"),
+        PathBuf::from("/dev/console"),
+    ] {
+        let staging = make_staging("refused");
+        let request = Request::Stage(StageRequest {
+            volume_id: VolumeId::parse(BOOT_VOLUMES[2]).unwrap(),
+            device: device.display().to_string(),
+            staging_path: staging.display().to_string(),
+            fs_type: FsType::Ext4,
+            mount_flags: Vec::new(),
+            format: FormatOptions::default(),
+        });
+        let answer = run_as(AGENT_UID, || {
+            HelperClient::new(PathBuf::from(HELPER_SOCKET), Duration::from_secs(30)).call(request)
+        });
+        assert!(
+            matches!(answer, Err(ClientError::Helper(HelperError::DeviceRefused { .. }))),
+            "{}: {answer:?}",
+            device.display()
+        );
+        assert_eq!(mounted_device(&staging), None);
+    }
+    report(
+        5,
+        "a disk of another volume, its controller, /dev/mem and /dev/console refused",
+    );
+}
+
+fn report(scenario: u32, detail: &str) {
+    println!("@@SCENARIO {scenario} ok: {detail}");
+}
+
+fn start_helper() -> Child {
+    std::fs::create_dir_all("/run/ebs-csi").unwrap();
+    std::fs::create_dir_all(KUBELET).unwrap();
+    let uid = AGENT_UID.to_string();
+    let child = Command::new("/usr/bin/ebs-csi-helper")
+        .args(["--socket", HELPER_SOCKET, "--socket-group", &uid, "--allowed-uid", &uid])
+        .args([
+            "--allowed-root",
+            KUBELET,
+            "--nvme-model",
+            "QEMU NVMe Ctrl",
+            "--nvme-vendor-id",
+            "0x1b36",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_path(Path::new(HELPER_SOCKET));
+    child
+}
+
+fn start_agent() -> Child {
+    std::fs::create_dir_all("/run/csi").unwrap();
+    let id = rustix::process::Uid::from_raw(AGENT_UID);
+    rustix::fs::chown("/run/csi", Some(id), None).unwrap();
+    let child = Command::new("/usr/bin/ebs-csi-agent")
+        .args([
+            "--endpoint",
+            &format!("unix://{CSI_SOCKET}"),
+            "--helper-socket",
+            HELPER_SOCKET,
+        ])
+        .args(["--node-id", "i-0123456789abcdef0", "--availability-zone", "us-east-1a"])
+        .args(["--instance-type", "m5.large", "--device-wait-seconds", "5"])
+        .stdout(Stdio::null())
+        .uid(AGENT_UID)
+        .gid(AGENT_UID)
+        .spawn()
+        .unwrap();
+    wait_for_path(Path::new(CSI_SOCKET));
+    child
+}
+
+fn wait_for_path(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn serial(volume_id: &str) -> String {
+    volume_id.replace('-', "")
+}
+
+fn make_staging(volume_id: &str) -> PathBuf {
+    let path = PathBuf::from(format!("{KUBELET}/plugins/staging/{volume_id}"));
+    std::fs::create_dir_all(&path).unwrap();
+    path
+}
+
+async fn stage(node: &mut NodeClient<Channel>, volume_id: &str, fs: &str) -> Result<PathBuf, tonic::Status> {
+    let staging = make_staging(volume_id);
+    let capability = VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs.into(),
+            ..Default::default()
+        })),
+    };
+    node.node_stage_volume(NodeStageVolumeRequest {
+        volume_id: volume_id.into(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(capability),
+        ..Default::default()
+    })
+    .await?;
+    Ok(staging)
+}
+
+async fn unstage(node: &mut NodeClient<Channel>, volume_id: &str, staging: &Path) {
+    node.node_unstage_volume(NodeUnstageVolumeRequest {
+        volume_id: volume_id.into(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert_eq!(mounted_device(staging), None, "{} is still mounted", staging.display());
+}
+
+/// The sysfs directory of the NVMe controller whose serial is `serial`.
+fn find_controller(serial: &str) -> Option<PathBuf> {
+    std::fs::read_dir("/sys/class/nvme")
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|c| std::fs::read_to_string(c.join("serial")).is_ok_and(|s| s.trim() == serial))
+}
+
+/// The `/dev` nodes of the controller and first namespace with `serial`,
+/// once both exist, polling every millisecond up to `timeout`.
+fn wait_for_disk(serial: &str, timeout: Duration) -> Option<(PathBuf, PathBuf)> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let found = find_controller(serial).and_then(|sys| {
+            let name = sys.file_name()?.to_str()?.to_owned();
+            let namespace = PathBuf::from(format!("/dev/{name}n1"));
+            namespace
+                .exists()
+                .then(|| (PathBuf::from(format!("/dev/{name}")), namespace))
+        });
+        if found.is_some() || Instant::now() >= deadline {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Polls every millisecond for the hot-plugged disk of `volume_id`: when
+/// its controller and its namespace appeared, whether the controller was
+/// seen without a namespace (the window the agent must wait through), and
+/// when `helper` started `mkfs` for it.
+fn watch_appearance(volume_id: &str, helper: u32) -> (Duration, Duration, bool, Duration) {
+    let start = Instant::now();
+    let (mut controller_at, mut namespace_at, mut window) = (None, None, false);
+    loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{volume_id} was never formatted"
+        );
+        if let Some(sys) = find_controller(&serial(volume_id)) {
+            let at = *controller_at.get_or_insert(start.elapsed());
+            let name = sys.file_name().unwrap().to_str().unwrap().to_owned();
+            if Path::new(&format!("/dev/{name}n1")).exists() {
+                namespace_at.get_or_insert(start.elapsed());
+            } else {
+                window = true;
+            }
+            if let Some(namespace_at) = namespace_at
+                && !children_named(helper, "mkfs").is_empty()
+            {
+                return (at, namespace_at, window, start.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The device number of the block device `path`.
+fn device_number(path: &Path) -> Option<(u32, u32)> {
+    let stat = rustix::fs::stat(path).ok()?;
+    Some((rustix::fs::major(stat.st_rdev), rustix::fs::minor(stat.st_rdev)))
+}
+
+/// The device number mounted at `path`, from `/proc/self/mountinfo`.
+fn mounted_device(path: &Path) -> Option<(u32, u32)> {
+    mount_field(path, |fields| {
+        let (major, minor) = fields.get(2)?.split_once(':')?;
+        Some((major.parse().ok()?, minor.parse().ok()?))
+    })
+}
+
+/// The filesystem type mounted at `path`.
+fn mount_type(path: &Path) -> String {
+    mount_field(path, |fields| {
+        let dash = fields.iter().position(|f| *f == "-")?;
+        fields.get(dash + 1).map(|s| (*s).to_owned())
+    })
+    .unwrap_or_default()
+}
+
+fn mount_field<T>(path: &Path, field: impl Fn(&[&str]) -> Option<T>) -> Option<T> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let path = path.display().to_string();
+    mountinfo.lines().rev().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        (fields.get(4) == Some(&path.as_str()))
+            .then(|| field(&fields))
+            .flatten()
+    })
+}
