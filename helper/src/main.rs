@@ -133,3 +133,16 @@ fn bind(socket: &Path, group: Option<u32>) -> anyhow::Result<UnixListener> {
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(mode)).context("setting the socket's mode")?;
     Ok(listener)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_hex_vendor_ids_only() {
+        assert_eq!(parse_vendor_id("0x1d0f"), Ok(0x1d0f));
+        assert_eq!(parse_vendor_id("0x1B36"), Ok(0x1b36));
+        assert!(parse_vendor_id("7439").is_err());
+        assert!(parse_vendor_id("0x10000").is_err());
+    }
+}

@@ -44,7 +44,10 @@ const KUBELET: &str = "/var/lib/kubelet";
 
 #[tokio::main]
 async fn main() {
-    let mut helper = start_helper();
+    let mut helper = start_helper(
+        HELPER_SOCKET,
+        &["--nvme-model", "QEMU NVMe Ctrl", "--nvme-vendor-id", "0x1b36"],
+    );
     let mut agent = start_agent();
     let mut node = NodeClient::new(channel(Path::new(CSI_SOCKET)).await);
     identify_and_map(&mut node).await;
@@ -173,63 +176,85 @@ async fn hot_unplug_while_staged(node: &mut NodeClient<Channel>, staged: &[(Stri
 }
 
 /// 5. The helper refuses a hot-plugged disk whose serial is not the
-///    requested volume's, and devices that are not NVMe namespaces.
+///    requested volume's, and devices that are not NVMe namespaces; a helper
+///    with the default (EBS) identity refuses QEMU's disks even when the
+///    serial matches.
 fn refuses_other_devices() {
-    println!("@@PLUG hp3 {}", serial("vol-0999999999999999a"));
-    let (controller, namespace) = wait_for_disk(&serial("vol-0999999999999999a"), Duration::from_secs(10)).unwrap();
-    for device in [
+    let other = "vol-0999999999999999a";
+    println!("@@PLUG hp3 {}", serial(other));
+    let (controller, namespace) = wait_for_disk(&serial(other), Duration::from_secs(10)).unwrap();
+    let devices = [
         namespace,
         controller,
         PathBuf::from("/dev/mem"),
         PathBuf::from("/dev/console"),
-    ] {
-        let staging = make_staging("refused");
-        let request = Request::Stage(StageRequest {
-            volume_id: VolumeId::parse(BOOT_VOLUMES[2]).unwrap(),
-            device: device.display().to_string(),
-            staging_path: staging.display().to_string(),
-            fs_type: FsType::Ext4,
-            mount_flags: Vec::new(),
-            format: FormatOptions::default(),
-        });
-        let answer = run_as(AGENT_UID, || {
-            HelperClient::new(PathBuf::from(HELPER_SOCKET), Duration::from_secs(30)).call(request)
-        });
-        assert!(
-            matches!(answer, Err(ClientError::Helper(HelperError::DeviceRefused { .. }))),
-            "{}: {answer:?}",
-            device.display()
-        );
-        assert_eq!(mounted_device(&staging), None);
+    ];
+    for device in &devices {
+        assert_device_refused(HELPER_SOCKET, BOOT_VOLUMES[2], device);
     }
+    let ebs_only_socket = "/run/ebs-csi/ebs-only.sock";
+    let mut ebs_only = start_helper(ebs_only_socket, &[]);
+    let (_, own_disk) = wait_for_disk(&serial(other), Duration::ZERO).unwrap();
+    assert_device_refused(ebs_only_socket, other, &own_disk);
+    let _ = ebs_only.kill();
+    let _ = ebs_only.wait();
     report(
         5,
-        "a disk of another volume, its controller, /dev/mem and /dev/console refused",
+        "a disk of another volume, its controller, /dev/mem and /dev/console refused; \
+         QEMU's disk refused by a helper expecting EBS's identity",
     );
+}
+
+/// Asks the helper at `socket` (as the agent's uid) to stage `device` as
+/// `volume_id`; it must answer DeviceRefused and mount nothing.
+fn assert_device_refused(socket: &str, volume_id: &str, device: &Path) {
+    let staging = make_staging("refused");
+    let request = Request::Stage(StageRequest {
+        volume_id: VolumeId::parse(volume_id).unwrap(),
+        device: device.display().to_string(),
+        staging_path: staging.display().to_string(),
+        fs_type: FsType::Ext4,
+        mount_flags: Vec::new(),
+        format: FormatOptions::default(),
+    });
+    let socket = PathBuf::from(socket);
+    let answer = run_as(AGENT_UID, || {
+        HelperClient::new(socket, Duration::from_secs(30)).call(request)
+    });
+    assert!(
+        matches!(answer, Err(ClientError::Helper(HelperError::DeviceRefused { .. }))),
+        "{}: {answer:?}",
+        device.display()
+    );
+    assert_eq!(mounted_device(&staging), None);
 }
 
 fn report(scenario: u32, detail: &str) {
     println!("@@SCENARIO {scenario} ok: {detail}");
 }
 
-fn start_helper() -> Child {
+/// Starts a helper on `socket` for the agent's uid, with `identity`
+/// flags (`--nvme-model`, `--nvme-vendor-id`; none: EBS's).
+fn start_helper(socket: &str, identity: &[&str]) -> Child {
     std::fs::create_dir_all("/run/ebs-csi").unwrap();
     std::fs::create_dir_all(KUBELET).unwrap();
     let uid = AGENT_UID.to_string();
     let child = Command::new("/usr/bin/ebs-csi-helper")
-        .args(["--socket", HELPER_SOCKET, "--socket-group", &uid, "--allowed-uid", &uid])
         .args([
+            "--socket",
+            socket,
+            "--socket-group",
+            &uid,
+            "--allowed-uid",
+            &uid,
             "--allowed-root",
             KUBELET,
-            "--nvme-model",
-            "QEMU NVMe Ctrl",
-            "--nvme-vendor-id",
-            "0x1b36",
         ])
+        .args(identity)
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    wait_for_path(Path::new(HELPER_SOCKET));
+    wait_for_path(Path::new(socket));
     child
 }
 
