@@ -2,14 +2,13 @@
 //! `docs/helper.md` lists the same steps in the same order.
 
 use std::os::fd::OwnedFd;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use ebs_csi_helper_proto::{
     ExpandRequest, FsType, HelperError, PROTOCOL_VERSION, PublishRequest, PublishSource, Reply, Request, StageRequest,
     VolumeId,
 };
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
-use std::sync::{Mutex, MutexGuard, PoisonError};
-
 use rustix::mount::MountFlags;
 
 use crate::claim::Claims;
