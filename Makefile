@@ -103,7 +103,10 @@ bench-smoke:
 
 # cargo fuzz needs nightly-only compiler flags; RUSTC_BOOTSTRAP lets the
 # machine's stable toolchain accept them (no other toolchain can be fetched).
-FUZZ := cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run request corpus/request seeds/request --
+# Its own target directory: its sanitizer flags would otherwise rebuild the
+# static binaries' dependencies in place, and those the fuzzer's.
+FUZZ := cd fuzz && CARGO_TARGET_DIR=$(abspath $(TARGET_DIR))/fuzz RUSTC_BOOTSTRAP=1 \
+	$(CARGO) fuzz run request corpus/request seeds/request --
 
 fuzz-tools:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install --quiet --locked cargo-fuzz
