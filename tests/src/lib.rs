@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ebs_csi_helper_proto::{ClientError, HelperClient, Reply, Request};
+use ebs_csi_helper_proto::{ClientError, FormatOptions, FsType, HelperClient, Reply, Request, StageRequest, VolumeId};
 use ebs_csi_proto::v1::node_client::NodeClient;
 use tonic::transport::{Channel, Endpoint};
 
@@ -299,6 +299,20 @@ impl Helper {
     pub fn call(&self, request: Request) -> Result<Reply, ClientError> {
         self.call_as(AGENT_UID, request)
     }
+}
+
+/// A helper Stage request: `device` as `volume_id` onto `staging`, with
+/// `mount_flags` and default format options. Panics on a malformed
+/// volume id (the helper's own parsing is tested on the wire).
+pub fn stage_request(volume_id: &str, device: &Path, staging: &Path, fs_type: FsType, mount_flags: &[&str]) -> Request {
+    Request::Stage(StageRequest {
+        volume_id: VolumeId::parse(volume_id).expect("volume id"),
+        device: device.to_string_lossy().into_owned(),
+        staging_path: staging.to_string_lossy().into_owned(),
+        fs_type,
+        mount_flags: mount_flags.iter().map(|f| (*f).to_owned()).collect(),
+        format: FormatOptions::default(),
+    })
 }
 
 /// Runs `f` on a thread whose uid and gid are switched to `id` (Linux

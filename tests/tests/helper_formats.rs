@@ -9,12 +9,9 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use ebs_csi_helper_proto::{
-    ClientError, FormatOptions, FsType, HelperError, PublishRequest, PublishSource, Reply, Request, StageRequest,
-    VolumeId,
-};
+use ebs_csi_helper_proto::{ClientError, FsType, HelperError, PublishRequest, PublishSource, Reply, Request, VolumeId};
 use ebs_csi_tests::children::children_named;
-use ebs_csi_tests::{Helper, LoopVolume, Sandbox, is_mounted, require_root};
+use ebs_csi_tests::{Helper, LoopVolume, Sandbox, is_mounted, require_root, stage_request};
 use rustix::process::{Pid, Signal, kill_process};
 
 fn volume_id(n: u32) -> String {
@@ -23,14 +20,7 @@ fn volume_id(n: u32) -> String {
 
 fn stage(sandbox: &Sandbox, volume: &LoopVolume, fs_type: FsType) -> Request {
     let staging = sandbox.mkdir(&format!("kubelet/staging/{}", volume.volume_id));
-    Request::Stage(StageRequest {
-        volume_id: VolumeId::parse(&volume.volume_id).unwrap(),
-        device: volume.device.to_string_lossy().into_owned(),
-        staging_path: staging.to_string_lossy().into_owned(),
-        fs_type,
-        mount_flags: Vec::new(),
-        format: FormatOptions::default(),
-    })
+    stage_request(&volume.volume_id, &volume.device, &staging, fs_type, &[])
 }
 
 /// The most `mkfs` children of `helper` that existed at once until

@@ -13,10 +13,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ebs_csi_helper_proto::{
-    ExpandRequest, FormatOptions, FsType, HelperClient, MAX_FRAME_BYTES, PublishRequest, PublishSource, Reply, Request,
-    RequestFrame, Response, StageRequest, UnpublishRequest, UnstageRequest, VolumeId, read_frame, write_frame,
+    ExpandRequest, FsType, HelperClient, MAX_FRAME_BYTES, PublishRequest, PublishSource, Reply, Request, RequestFrame,
+    Response, UnpublishRequest, UnstageRequest, VolumeId, read_frame, write_frame,
 };
-use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, ebs_csi_mounts, require_root, run_as};
+use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, ebs_csi_mounts, require_root, run_as, stage_request};
 
 const VOLUME: &str = "vol-0aaaaaaaaaaaaaaa1";
 
@@ -34,14 +34,7 @@ fn volume_id() -> VolumeId {
 }
 
 fn stage(device: &str, staging: &str, flags: &[&str]) -> Request {
-    Request::Stage(StageRequest {
-        volume_id: volume_id(),
-        device: device.into(),
-        staging_path: staging.into(),
-        fs_type: FsType::Ext4,
-        mount_flags: flags.iter().map(|f| (*f).to_owned()).collect(),
-        format: FormatOptions::default(),
-    })
+    stage_request(VOLUME, Path::new(device), Path::new(staging), FsType::Ext4, flags)
 }
 
 fn publish(target: &str, source: PublishSource) -> Request {

@@ -11,24 +11,13 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 use ebs_csi_helper_proto::{
-    ClientError, FormatOptions, FsType, HelperError, MAX_FRAME_BYTES, PublishRequest, PublishSource, Request,
-    RequestFrame, Response, StageRequest, VolumeId, read_frame, write_frame,
+    ClientError, FsType, HelperError, MAX_FRAME_BYTES, PublishRequest, PublishSource, Request, RequestFrame, Response,
+    VolumeId, read_frame, write_frame,
 };
 use ebs_csi_tests::loopdev::run;
-use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, mounts_under, require_root, run_as};
+use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, mounts_under, require_root, run_as, stage_request};
 
 const VOLUME: &str = "vol-0aaaaaaaaaaaaaaa1";
-
-fn stage(volume_id: &str, device: &Path, staging: &Path, fs_type: FsType, mount_flags: &[&str]) -> Request {
-    Request::Stage(StageRequest {
-        volume_id: VolumeId::parse(volume_id).unwrap(),
-        device: device.to_string_lossy().into_owned(),
-        staging_path: staging.to_string_lossy().into_owned(),
-        fs_type,
-        mount_flags: mount_flags.iter().map(|s| (*s).to_owned()).collect(),
-        format: FormatOptions::default(),
-    })
-}
 
 /// Asserts `request` is refused with an error `expected` accepts, and that
 /// neither the mount table nor `volume`'s signature changed.
@@ -74,7 +63,7 @@ fn refuses_unsafe_paths() {
         assert_refused(
             &helper,
             &volume,
-            stage(VOLUME, &volume.device, &staging, FsType::Ext4, &[]),
+            stage_request(VOLUME, &volume.device, &staging, FsType::Ext4, &[]),
             path_refused,
         );
     }
@@ -113,7 +102,7 @@ fn refuses_devices_that_are_not_the_volume() {
     assert_refused(
         &helper,
         &volume,
-        stage(VOLUME, &other.device, &staging, FsType::Ext4, &[]),
+        stage_request(VOLUME, &other.device, &staging, FsType::Ext4, &[]),
         device_refused,
     );
     assert_eq!(other.signature(), "");
@@ -127,7 +116,7 @@ fn refuses_devices_that_are_not_the_volume() {
         assert_refused(
             &helper,
             &volume,
-            stage(VOLUME, device, &staging, FsType::Ext4, &[]),
+            stage_request(VOLUME, device, &staging, FsType::Ext4, &[]),
             device_refused,
         );
     }
@@ -151,14 +140,14 @@ fn refuses_devices_that_are_not_the_volume() {
     assert_refused(
         &helper,
         &partitioned,
-        stage("vol-0ccccccccccccccc3", &partition, &staging, FsType::Ext4, &[]),
+        stage_request("vol-0ccccccccccccccc3", &partition, &staging, FsType::Ext4, &[]),
         device_refused,
     );
     // The whole partitioned disk is never formatted either.
     assert_refused(
         &helper,
         &partitioned,
-        stage("vol-0ccccccccccccccc3", &parted, &staging, FsType::Ext4, &[]),
+        stage_request("vol-0ccccccccccccccc3", &parted, &staging, FsType::Ext4, &[]),
         |e| matches!(e, HelperError::FilesystemMismatch { .. }),
     );
     assert!(partitioned.signature().contains("PTTYPE=gpt"));
@@ -178,13 +167,13 @@ fn refuses_without_loop_permission_and_never_reformats() {
     assert_refused(
         &strict,
         &volume,
-        stage(VOLUME, &volume.device, &staging, FsType::Xfs, &["suid"]),
+        stage_request(VOLUME, &volume.device, &staging, FsType::Xfs, &["suid"]),
         |e| matches!(e, HelperError::MountOptionRefused(_)),
     );
     assert_refused(
         &strict,
         &volume,
-        stage(VOLUME, &volume.device, &staging, FsType::Ext4, &[]),
+        stage_request(VOLUME, &volume.device, &staging, FsType::Ext4, &[]),
         |e| matches!(e, HelperError::FilesystemMismatch { .. }),
     );
     assert!(volume.signature().contains("TYPE=xfs"));
@@ -204,7 +193,7 @@ fn refuses_without_loop_permission_and_never_reformats() {
     let result = run_as(AGENT_UID, {
         let (socket, request) = (
             socket.clone(),
-            stage(VOLUME, &volume.device, &staging, FsType::Xfs, &[]),
+            stage_request(VOLUME, &volume.device, &staging, FsType::Xfs, &[]),
         );
         move || ebs_csi_helper_proto::HelperClient::new(socket, std::time::Duration::from_secs(10)).call(request)
     });
@@ -227,7 +216,7 @@ fn refuses_unknown_peers_and_bad_frames() {
     let staging = sandbox.mkdir("kubelet/staging");
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 64);
     // Root is not on the allowed list: disconnected before anything is read.
-    let result = helper.call_as(0, stage(VOLUME, &volume.device, &staging, FsType::Ext4, &[]));
+    let result = helper.call_as(0, stage_request(VOLUME, &volume.device, &staging, FsType::Ext4, &[]));
     assert!(matches!(result, Err(ClientError::Frame(_))), "{result:?}");
     assert!(helper.process.log().contains("refused peer"));
     assert_eq!(volume.signature(), "");

@@ -9,8 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use ebs_csi_helper_proto::{FormatOptions, FsType, Request, StageRequest, UnstageRequest, VolumeId};
-use ebs_csi_tests::{AGENT_UID, LoopVolume, Sandbox, binary, require_root, run_as, spawn};
+use ebs_csi_helper_proto::{FsType, Request, UnstageRequest};
+use ebs_csi_tests::{AGENT_UID, LoopVolume, Sandbox, binary, require_root, run_as, spawn, stage_request};
 
 fn unit(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -111,14 +111,7 @@ fn a_mount_made_by_the_helper_as_configured_is_visible_to_the_host() {
     let _helper = spawn("helper", command, sandbox.path().join("helper.log"), &socket);
     let volume = LoopVolume::create(sandbox.path(), "vol-0aaaaaaaaaaaaaaa1", 64);
     let staging = sandbox.mkdir("kubelet/staging");
-    let request = Request::Stage(StageRequest {
-        volume_id: VolumeId::parse("vol-0aaaaaaaaaaaaaaa1").unwrap(),
-        device: volume.device.to_string_lossy().into_owned(),
-        staging_path: staging.to_string_lossy().into_owned(),
-        fs_type: FsType::Ext4,
-        mount_flags: vec![],
-        format: FormatOptions::default(),
-    });
+    let request = stage_request("vol-0aaaaaaaaaaaaaaa1", &volume.device, &staging, FsType::Ext4, &[]);
     let call = |request: Request| {
         let socket = socket.clone();
         run_as(AGENT_UID, move || {

@@ -19,9 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ebs_csi_helper::nvme::identify_controller;
-use ebs_csi_helper_proto::{
-    ClientError, FormatOptions, FsType, HelperClient, HelperError, Request, StageRequest, VolumeId,
-};
+use ebs_csi_helper_proto::{ClientError, FsType, HelperClient, HelperError};
 use ebs_csi_proto::v1::node_client::NodeClient;
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume};
@@ -29,7 +27,7 @@ use ebs_csi_proto::v1::{
     NodeGetVolumeStatsRequest, NodeStageVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
 };
 use ebs_csi_tests::children::children_named;
-use ebs_csi_tests::{AGENT_UID, channel, run_as};
+use ebs_csi_tests::{AGENT_UID, channel, run_as, stage_request};
 use tonic::transport::Channel;
 
 /// The disks QEMU starts with (`tests/tests/nvme_vm.rs` passes the same).
@@ -209,14 +207,7 @@ fn refuses_other_devices() {
 /// `volume_id`; it must answer DeviceRefused and mount nothing.
 fn assert_device_refused(socket: &str, volume_id: &str, device: &Path) {
     let staging = make_staging("refused");
-    let request = Request::Stage(StageRequest {
-        volume_id: VolumeId::parse(volume_id).unwrap(),
-        device: device.display().to_string(),
-        staging_path: staging.display().to_string(),
-        fs_type: FsType::Ext4,
-        mount_flags: Vec::new(),
-        format: FormatOptions::default(),
-    });
+    let request = stage_request(volume_id, device, &staging, FsType::Ext4, &[]);
     let socket = PathBuf::from(socket);
     let answer = run_as(AGENT_UID, || {
         HelperClient::new(socket, Duration::from_secs(30)).call(request)
