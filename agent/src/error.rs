@@ -61,6 +61,7 @@ fn helper_code(error: &HelperError) -> Code {
         HelperError::DeviceRefused { .. }
         | HelperError::FilesystemMismatch { .. }
         | HelperError::NotMounted { .. }
+        | HelperError::NotStaged { .. }
         | HelperError::UnsupportedVersion(_) => Code::FailedPrecondition,
         HelperError::Busy => Code::Unavailable,
         HelperError::InProgress { .. } => Code::Aborted,
@@ -114,6 +115,14 @@ mod tests {
             ),
             (
                 ClientError::Helper(HelperError::NotMounted { path: s() }).into(),
+                Code::FailedPrecondition,
+            ),
+            (
+                ClientError::Helper(HelperError::NotStaged {
+                    path: s(),
+                    volume_id: s(),
+                })
+                .into(),
                 Code::FailedPrecondition,
             ),
             (

@@ -118,21 +118,25 @@ impl NodeService {
         let access = request::capability(r.volume_capability.as_ref())?;
         let staging_path = request::required_path("staging_target_path", &r.staging_target_path)?;
         let _guard = self.guard(&volume_id)?;
+        // The helper binds only what it proves to be this volume, so both
+        // sources name the device.
+        let device = self
+            .finder
+            .wait(&volume_id, device_path(&r.publish_context), self.device_wait)
+            .await?
+            .to_string_lossy()
+            .into_owned();
         let source = match access {
             Access::Mount { mount_flags, .. } => PublishSource::Staging {
+                volume_id: volume_id.clone(),
+                device,
                 staging_path: staging_path.to_owned(),
                 mount_flags,
             },
-            Access::Block => {
-                let device = self
-                    .finder
-                    .wait(&volume_id, device_path(&r.publish_context), self.device_wait)
-                    .await?;
-                PublishSource::Device {
-                    volume_id: volume_id.clone(),
-                    device: device.to_string_lossy().into_owned(),
-                }
-            }
+            Access::Block => PublishSource::Device {
+                volume_id: volume_id.clone(),
+                device,
+            },
         };
         tracing::info!(%volume_id, target_path, readonly = r.readonly, "publishing");
         self.helper

@@ -43,7 +43,7 @@ fuzz_target!(|data: &[u8]| {
         Request::Unstage(r) => check_path(&r.staging_path),
         Request::Publish(r) => {
             check_path(&r.target_path);
-            if let PublishSource::Staging { staging_path, mount_flags } = &r.source {
+            if let PublishSource::Staging { staging_path, mount_flags, .. } = &r.source {
                 check_path(staging_path);
                 let _ = options::parse(None, mount_flags);
             }

@@ -1,22 +1,40 @@
-//! Proving that a block device is the EBS volume a request names.
+//! Proving that a block device is the EBS volume a request names, and
+//! keeping that proof bound to the one kernel object the helper then uses.
 //!
-//! The helper re-derives the device's identity from the device itself:
-//! it opens the path, takes the device number from the open fd, finds the
-//! kernel's name for it in sysfs, and for an NVMe namespace reads Identify
-//! Controller through the fd. udev links and names are never trusted (a
-//! stale link once made another driver mount the wrong volume).
+//! The request must name the device as `/dev/<kernel name>`. The helper
+//! opens that name without following any symlink (`O_PATH`), learns its
+//! type from the fd before any blocking open, reopens the same inode
+//! through `/proc/self/fd/N` (`O_RDONLY | O_NONBLOCK | O_NOCTTY`), and
+//! proves identity on that fd: the NVMe Identify Controller data read
+//! through it, or (tests only) a loop device's backing file. From then on
+//! tools get the device only as this fd (their fd 3). `mount(2)` gets the
+//! kernel's name for it, `/dev/<name>` as read back from sysfs, because
+//! e2fsprogs and xfsprogs find a mounted filesystem by the device path
+//! recorded in the mount table (a `/proc/self/fd/N` source makes
+//! `resize2fs` try an offline resize and `xfs_growfs` refuse); only root
+//! can change what that name in devtmpfs points to. udev links are never
+//! trusted (a stale link once made another driver mount the wrong volume).
+//!
+//! A device number can be reused after a hot-unplug, and `mount(2)` or a
+//! tool resolves a node to its device number again. So
+//! [`VerifiedDevice::reverify`] runs right before every tool and mount and
+//! after a format: the name must still be a node of the same device
+//! number, the disk sequence number (`BLKGETDISKSEQ`, unique per disk
+//! since boot) of the fd and of the disk the device number names now must
+//! both be the one seen at the proof, and the identity must hold again.
 
-use std::fs::File;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use ebs_csi_helper_proto::{HelperError, VolumeId};
-use rustix::fs::FileType;
+use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
 
-use crate::error::system;
+use crate::claim::DeviceNumber;
 use crate::mountinfo::MountEntry;
 use crate::nvme::{self, EBS_MODEL, EBS_VENDOR_ID};
-use crate::path::AllowedRoots;
+use crate::path::{AllowedRoots, fd_path};
+use crate::sys;
 
 /// Which devices may stand for an EBS volume.
 #[derive(Clone, Debug)]
@@ -44,77 +62,142 @@ impl Default for IdentityPolicy {
     }
 }
 
+/// Why a device is refused: the `reason` of [`HelperError::DeviceRefused`],
+/// one variant per check of [`verify`], in its order. The texts name no
+/// other volume's serial and no host path (they reach pod events).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// Step 1: the name is not `/dev/<nvmeXnY or loopN>`.
+    #[error("is not /dev/<kernel name> of an NVMe namespace or a loop device")]
+    NotKernelName,
+    /// Step 2: missing, a symlink, or not a block device node. One text for
+    /// all, so the answer tells nothing about what else is there.
+    #[error("is not a block device node")]
+    NotBlockDevice,
+    /// Step 3: a partition.
+    #[error("is a partition, not a whole disk")]
+    Partition,
+    /// Step 3: the node's device number belongs to another kernel name.
+    #[error("the node is not the kernel's device of that name")]
+    NameMismatch,
+    /// Step 4: an NVMe controller that is not an EBS volume.
+    #[error("the NVMe controller is not an EBS volume")]
+    NotEbs,
+    /// Step 4: Identify Controller failed.
+    #[error("NVMe Identify Controller failed")]
+    IdentifyFailed,
+    /// Step 4: an EBS volume, but another one.
+    #[error("is another volume")]
+    OtherVolume,
+    /// Step 4: a loop device whose backing file does not name the volume.
+    #[error("the loop device's backing file does not name the volume")]
+    LoopNotNamed,
+    /// Step 4: a loop device without `--allow-loop-devices`.
+    #[error("loop devices are not allowed (--allow-loop-devices)")]
+    LoopNotAllowed,
+    /// Step 5: a device-mapper or md device holds the disk or a partition.
+    #[error("held by another block device (device-mapper, md)")]
+    Held,
+    /// Step 5: the disk or a partition is active swap.
+    #[error("in use as swap")]
+    Swap,
+    /// Step 5: the disk or a partition is mounted outside the allowed roots.
+    #[error("in use by the host: mounted outside the allowed roots")]
+    MountedOutside,
+    /// The device node is bind-mounted somewhere: a raw block volume in use.
+    #[error("is published as a raw block device")]
+    PublishedRaw,
+    /// A raw block publish of a device whose filesystem is mounted.
+    #[error("its filesystem is mounted")]
+    FilesystemMounted,
+    /// [`VerifiedDevice::reverify`]: the device number now names another
+    /// disk, or the disk's identity changed.
+    #[error("the device changed during the request")]
+    Changed,
+}
+
 /// A whole-disk block device proved to be a given volume, held open.
-#[derive(Debug)]
+/// Clones share the one open file.
+#[derive(Clone, Debug)]
 pub struct VerifiedDevice {
     /// The volume the device proved to be.
     pub volume_id: VolumeId,
-    /// The open device (read-only); keeps the device number from being
-    /// reused while the helper works.
-    pub file: File,
-    /// The device path as the agent sent it.
-    pub path: String,
     /// The kernel's name for it, e.g. `nvme1n1` or `loop3`.
     pub name: String,
-    /// Device number, major part.
-    pub major: u32,
-    /// Device number, minor part.
-    pub minor: u32,
+    /// Its device number.
+    pub number: DeviceNumber,
+    file: Arc<OwnedFd>,
+    disk_sequence: Option<u64>,
+    policy: IdentityPolicy,
 }
 
 impl VerifiedDevice {
-    /// The device's size in bytes, from sysfs `size` (always in 512-byte
-    /// sectors, whatever the logical block size).
-    ///
-    /// # Errors
-    /// [`HelperError::System`] when sysfs cannot be read.
-    pub fn size_bytes(&self) -> Result<u64, HelperError> {
-        let path = self.sysfs_dir().join("size");
-        let sectors = std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .ok_or_else(|| system(format!("reading {}", path.display()), "unreadable"))?;
-        Ok(sectors * 512)
+    /// The open device (`O_RDONLY | O_NONBLOCK`): the one object every
+    /// check and action refers to.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
     }
 
-    /// Checks that the device path still names this device, just before a
-    /// tool or `mount(2)` is given the path rather than the fd.
+    /// `/dev/<name>`: the kernel's name, as sysfs gave it for the verified
+    /// device number (for logs, errors and `mount(2)`'s source).
+    pub fn path(&self) -> String {
+        format!("/dev/{}", self.name)
+    }
+
+    /// The device's size in bytes (`lseek(SEEK_END)` on the fd).
     ///
     /// # Errors
-    /// [`HelperError::DeviceRefused`] when it does not.
-    pub fn recheck(&self) -> Result<(), HelperError> {
-        let same = rustix::fs::stat(self.path.as_str())
-            .is_ok_and(|st| (rustix::fs::major(st.st_rdev), rustix::fs::minor(st.st_rdev)) == (self.major, self.minor));
-        if same {
+    /// [`HelperError::System`] when the seek fails.
+    pub fn size_bytes(&self) -> Result<u64, HelperError> {
+        rustix::fs::seek(self.fd(), rustix::fs::SeekFrom::End(0))
+            .map_err(|e| crate::error::system(format!("reading the size of {}", self.path()), e))
+    }
+
+    /// Proves again that the fd is the volume and that its device number
+    /// still names the disk the fd was opened on: run right before every
+    /// tool and `mount(2)`, and after a format.
+    ///
+    /// # Errors
+    /// [`HelperError::DeviceRefused`] with [`Refusal::Changed`].
+    pub fn reverify(&self) -> Result<(), HelperError> {
+        let sysfs = sysfs_dir(self.number);
+        let same_disk = open_block_device(&self.path()).is_some_and(|(_, number)| number == self.number)
+            && sys::disk_sequence(self.fd()).is_ok_and(|seq| seq == self.disk_sequence)
+            && sysfs_disk_sequence(&sysfs) == self.disk_sequence
+            && kernel_name(&sysfs).as_deref() == Some(self.name.as_str());
+        if same_disk && prove_identity(&self.volume_id, &self.name, self.fd(), &sysfs, &self.policy).is_ok() {
             Ok(())
         } else {
-            Err(HelperError::DeviceRefused {
-                device: self.path.clone(),
-                volume_id: self.volume_id.to_string(),
-                reason: "the path changed to another device during the request".into(),
-            })
+            Err(self.refusal(Refusal::Changed))
         }
     }
 
-    fn sysfs_dir(&self) -> PathBuf {
-        sysfs_dir(self.major, self.minor)
+    /// The error refusing this device for `reason`.
+    pub fn refusal(&self, reason: Refusal) -> HelperError {
+        refused(&self.path(), &self.volume_id, reason)
     }
 }
 
-/// Opens `device` and proves it is `volume_id`:
+/// Opens `device` and proves it is `volume_id` (docs/helper.md, "Device
+/// checks"):
 ///
-/// 1. the path starts with `/dev/` and has no `..`;
-/// 2. it opens, and the open fd is a block device;
-/// 3. sysfs says the device is a whole disk, not a partition;
-/// 4. an NVMe namespace's Identify Controller has EBS's vendor id and model
-///    and the volume id (without dash) as serial; a loop device (only with
-///    `allow_loop_devices`) has a backing file whose name contains the id;
-///    anything else is refused;
-/// 5. neither the device nor any of its partitions is mounted outside the
-///    allowed roots, and no device-mapper or md device holds it.
+/// 1. `device` is `/dev/<name>` with `name` an NVMe namespace (`nvmeXnY`)
+///    or loop device (`loopN`) name;
+/// 2. it opens with no symlink anywhere (`O_PATH`, `RESOLVE_NO_SYMLINKS`)
+///    as a block device node; only then is it opened for reading, through
+///    the same inode (`O_RDONLY | O_NONBLOCK | O_NOCTTY`);
+/// 3. sysfs says the device number is a whole disk whose kernel name is
+///    `name`;
+/// 4. an NVMe namespace's Identify Controller, read through the fd, has
+///    the policy's vendor id and model and the volume id (without dash)
+///    as serial; a loop device (only with `allow_loop_devices`) has a
+///    backing file whose name contains the id;
+/// 5. no device-mapper or md device holds the disk or a partition of it,
+///    none of them is swap, and none is mounted outside the allowed roots
+///    (`mounts` holds every mount namespace the helper can see).
 ///
 /// # Errors
-/// [`HelperError::DeviceRefused`] naming the failed check.
+/// [`HelperError::DeviceRefused`] with the [`Refusal`] of the failed step.
 pub fn verify(
     volume_id: &VolumeId,
     device: &str,
@@ -122,81 +205,184 @@ pub fn verify(
     roots: &AllowedRoots,
     mounts: &[MountEntry],
 ) -> Result<VerifiedDevice, HelperError> {
-    let refuse = |reason: String| HelperError::DeviceRefused {
-        device: device.to_owned(),
-        volume_id: volume_id.to_string(),
-        reason,
-    };
-    if !device.starts_with("/dev/") || device.split('/').any(|c| c == "..") {
-        return Err(refuse("not a path under /dev".into()));
-    }
-    let file = File::open(device).map_err(|e| refuse(format!("cannot open: {e}")))?;
-    let stat = rustix::fs::fstat(&file).map_err(|e| refuse(format!("cannot stat: {e}")))?;
-    if FileType::from_raw_mode(stat.st_mode) != FileType::BlockDevice {
-        return Err(refuse("not a block device".into()));
-    }
-    let (major, minor) = (rustix::fs::major(stat.st_rdev), rustix::fs::minor(stat.st_rdev));
-    let sysfs = sysfs_dir(major, minor);
+    let refuse = |reason| refused(device, volume_id, reason);
+    let name = device
+        .strip_prefix("/dev/")
+        .filter(|name| DeviceKind::of(name).is_some())
+        .ok_or_else(|| refuse(Refusal::NotKernelName))?;
+    let (file, number) = open_block_device(device).ok_or_else(|| refuse(Refusal::NotBlockDevice))?;
+    let sysfs = sysfs_dir(number);
     if sysfs.join("partition").exists() {
-        return Err(refuse("is a partition, not a whole disk".into()));
+        return Err(refuse(Refusal::Partition));
     }
-    let name = std::fs::canonicalize(&sysfs)
-        .ok()
-        .and_then(|p| p.file_name().and_then(|n| n.to_str()).map(str::to_owned))
-        .ok_or_else(|| refuse("no sysfs entry".into()))?;
-    let kind = DeviceKind::of(&name)
-        .ok_or_else(|| refuse(format!("{name} is neither an NVMe namespace nor a loop device")))?;
-    match kind {
-        DeviceKind::NvmeNamespace => {
-            let id = nvme::identify_controller(file.as_fd())
-                .map_err(|e| refuse(format!("NVMe Identify Controller failed: {e}")))?;
-            if id.vendor_id != policy.nvme_vendor_id || id.model != policy.nvme_model {
-                return Err(refuse(format!(
-                    "controller is {:?} (vendor {:#06x}), not an EBS volume",
-                    id.model, id.vendor_id
-                )));
-            }
-            if id.serial != volume_id.nvme_serial() {
-                return Err(refuse(format!("serial is {:?}", id.serial)));
-            }
-        }
-        DeviceKind::Loop if policy.allow_loop_devices => {
-            let backing = std::fs::read_to_string(sysfs.join("loop/backing_file"))
-                .map_err(|e| refuse(format!("no backing file: {e}")))?;
-            let file_name = Path::new(backing.trim_end())
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or("");
-            if !file_name.contains(volume_id.as_str()) {
-                return Err(refuse(format!(
-                    "backing file {:?} does not name the volume",
-                    backing.trim_end()
-                )));
-            }
-        }
-        DeviceKind::Loop => {
-            return Err(refuse("loop devices are not allowed (--allow-loop-devices)".into()));
-        }
+    if kernel_name(&sysfs).as_deref() != Some(name) {
+        return Err(refuse(Refusal::NameMismatch));
     }
-    if has_holders(&sysfs) {
-        return Err(refuse("held by another block device (device-mapper, md)".into()));
-    }
-    let mut numbers = partitions(&sysfs);
-    numbers.push((major, minor));
-    if let Some(entry) = mounts
-        .iter()
-        .find(|m| numbers.contains(&(m.major, m.minor)) && !roots.contains(&m.mount_point))
-    {
-        return Err(refuse(format!("in use by the host: mounted at {}", entry.mount_point)));
+    let disk_sequence = sys::disk_sequence(file.as_fd()).map_err(|_| refuse(Refusal::NotBlockDevice))?;
+    prove_identity(volume_id, name, file.as_fd(), &sysfs, policy).map_err(refuse)?;
+    let in_use = InUse::of(name, number, &sysfs);
+    if let Some(reason) = in_use.by_the_host(roots, mounts) {
+        return Err(refuse(reason));
     }
     Ok(VerifiedDevice {
         volume_id: volume_id.clone(),
-        file,
-        path: device.to_owned(),
-        name,
-        major,
-        minor,
+        name: name.to_owned(),
+        number,
+        file: Arc::new(file),
+        disk_sequence,
+        policy: policy.clone(),
     })
+}
+
+/// Refuses a device that is published as a raw block device: its node
+/// bind-mounted onto a file (a mount of `/dev`'s devtmpfs, or a
+/// container's tmpfs `/dev`, whose root is `/<name>`).
+/// Formatting it could destroy what a pod writes there.
+///
+/// # Errors
+/// [`HelperError::DeviceRefused`] with [`Refusal::PublishedRaw`].
+pub fn refuse_if_published_raw(device: &VerifiedDevice, mounts: &[MountEntry]) -> Result<(), HelperError> {
+    let root = format!("/{}", device.name);
+    if mounts
+        .iter()
+        .any(|m| matches!(m.fs_type.as_str(), "devtmpfs" | "tmpfs") && m.root == root)
+    {
+        return Err(device.refusal(Refusal::PublishedRaw));
+    }
+    Ok(())
+}
+
+/// Refuses a raw block publish of a device whose filesystem (or a
+/// partition's) is mounted anywhere: a pod must never write to the block
+/// device of a filesystem the kernel has mounted.
+///
+/// # Errors
+/// [`HelperError::DeviceRefused`] with [`Refusal::FilesystemMounted`].
+pub fn refuse_if_mounted(device: &VerifiedDevice, mounts: &[MountEntry]) -> Result<(), HelperError> {
+    let numbers = InUse::of(&device.name, device.number, &sysfs_dir(device.number)).numbers;
+    if mounts.iter().any(|m| numbers.contains(&(m.major, m.minor))) {
+        return Err(device.refusal(Refusal::FilesystemMounted));
+    }
+    Ok(())
+}
+
+fn refused(device: &str, volume_id: &VolumeId, reason: Refusal) -> HelperError {
+    HelperError::DeviceRefused {
+        device: device.to_owned(),
+        volume_id: volume_id.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Step 2: the node at `device`, opened without following any symlink,
+/// must be a block device before it is opened for reading; then the same
+/// inode is opened through its `O_PATH` fd, so no FIFO, tty or watchdog is
+/// ever opened for I/O and nothing can be swapped in between.
+fn open_block_device(device: &str) -> Option<(OwnedFd, DeviceNumber)> {
+    let is_block = |fd: &OwnedFd| {
+        rustix::fs::fstat(fd)
+            .ok()
+            .filter(|st| FileType::from_raw_mode(st.st_mode) == FileType::BlockDevice)
+            .map(|st| (rustix::fs::major(st.st_rdev), rustix::fs::minor(st.st_rdev)))
+    };
+    let node = rustix::fs::openat2(
+        rustix::fs::CWD,
+        device,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .ok()?;
+    let number = is_block(&node)?;
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    let file = rustix::fs::openat(rustix::fs::CWD, fd_path(&node).as_str(), flags, Mode::empty()).ok()?;
+    (is_block(&file)? == number).then_some((file, number))
+}
+
+/// Step 4, on the open fd.
+fn prove_identity(
+    volume_id: &VolumeId,
+    name: &str,
+    fd: BorrowedFd<'_>,
+    sysfs: &Path,
+    policy: &IdentityPolicy,
+) -> Result<(), Refusal> {
+    match DeviceKind::of(name) {
+        Some(DeviceKind::NvmeNamespace) => {
+            let id = nvme::identify_controller(fd).map_err(|_| Refusal::IdentifyFailed)?;
+            if id.vendor_id != policy.nvme_vendor_id || id.model != policy.nvme_model {
+                Err(Refusal::NotEbs)
+            } else if id.serial != volume_id.nvme_serial() {
+                Err(Refusal::OtherVolume)
+            } else {
+                Ok(())
+            }
+        }
+        Some(DeviceKind::Loop) if policy.allow_loop_devices => {
+            let backing =
+                std::fs::read_to_string(sysfs.join("loop/backing_file")).map_err(|_| Refusal::LoopNotNamed)?;
+            let named = Path::new(backing.trim_end())
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.contains(volume_id.as_str()));
+            if named { Ok(()) } else { Err(Refusal::LoopNotNamed) }
+        }
+        Some(DeviceKind::Loop) => Err(Refusal::LoopNotAllowed),
+        None => Err(Refusal::NotKernelName),
+    }
+}
+
+/// The block devices a disk stands for (itself and its partitions), for
+/// the in-use checks of step 5.
+struct InUse {
+    names: Vec<String>,
+    numbers: Vec<DeviceNumber>,
+    holders: bool,
+}
+
+impl InUse {
+    fn of(name: &str, number: DeviceNumber, sysfs: &Path) -> Self {
+        let mut in_use = Self {
+            names: vec![name.to_owned()],
+            numbers: vec![number],
+            holders: has_holders(sysfs),
+        };
+        for partition in partitions(sysfs) {
+            in_use.holders |= has_holders(&partition);
+            in_use.numbers.extend(
+                std::fs::read_to_string(partition.join("dev"))
+                    .ok()
+                    .and_then(|d| parse_dev(&d)),
+            );
+            in_use
+                .names
+                .extend(partition.file_name().and_then(|n| n.to_str()).map(str::to_owned));
+        }
+        in_use
+    }
+
+    fn by_the_host(&self, roots: &AllowedRoots, mounts: &[MountEntry]) -> Option<Refusal> {
+        if self.holders {
+            return Some(Refusal::Held);
+        }
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        let swap_devices: Vec<&str> = swaps
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        if self
+            .names
+            .iter()
+            .any(|n| swap_devices.contains(&format!("/dev/{n}").as_str()))
+        {
+            return Some(Refusal::Swap);
+        }
+        mounts
+            .iter()
+            .any(|m| self.numbers.contains(&(m.major, m.minor)) && !roots.contains(&m.mount_point))
+            .then_some(Refusal::MountedOutside)
+    }
 }
 
 enum DeviceKind {
@@ -215,27 +401,40 @@ impl DeviceKind {
     }
 }
 
-fn sysfs_dir(major: u32, minor: u32) -> PathBuf {
+fn sysfs_dir((major, minor): DeviceNumber) -> PathBuf {
     PathBuf::from(format!("/sys/dev/block/{major}:{minor}"))
+}
+
+/// The kernel's name of the disk at `sysfs` (the link's target's last
+/// component).
+fn kernel_name(sysfs: &Path) -> Option<String> {
+    let target = std::fs::read_link(sysfs).ok()?;
+    target.file_name()?.to_str().map(str::to_owned)
+}
+
+/// sysfs `diskseq` of the disk the device number names now; `None` where
+/// the kernel has none (before 5.15), matching `BLKGETDISKSEQ`'s `None`.
+fn sysfs_disk_sequence(sysfs: &Path) -> Option<u64> {
+    std::fs::read_to_string(sysfs.join("diskseq")).ok()?.trim().parse().ok()
 }
 
 fn has_holders(sysfs: &Path) -> bool {
     std::fs::read_dir(sysfs.join("holders")).is_ok_and(|mut d| d.next().is_some())
 }
 
-/// Device numbers of the partitions of the disk at `sysfs`.
-fn partitions(sysfs: &Path) -> Vec<(u32, u32)> {
+/// The sysfs directories of the partitions of the disk at `sysfs`.
+fn partitions(sysfs: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(sysfs) else {
         return Vec::new();
     };
     entries
         .flatten()
-        .filter(|e| e.path().join("partition").exists())
-        .filter_map(|e| parse_dev(&std::fs::read_to_string(e.path().join("dev")).ok()?))
+        .map(|e| e.path())
+        .filter(|p| p.join("partition").exists())
         .collect()
 }
 
-fn parse_dev(text: &str) -> Option<(u32, u32)> {
+fn parse_dev(text: &str) -> Option<DeviceNumber> {
     let (major, minor) = text.trim().split_once(':')?;
     Some((major.parse().ok()?, minor.parse().ok()?))
 }
@@ -260,6 +459,37 @@ mod tests {
             let kind = DeviceKind::of(name);
             assert_eq!(matches!(kind, Some(DeviceKind::NvmeNamespace)), nvme, "{name}");
             assert_eq!(matches!(kind, Some(DeviceKind::Loop)), looped, "{name}");
+        }
+    }
+
+    /// Every device string that is not a present `/dev/<kernel name>`
+    /// block device is refused before anything is opened for I/O, with
+    /// one answer for a missing node and for a non-device.
+    #[test]
+    fn refuses_names_and_nodes_before_any_io() {
+        let tmp = tempfile::tempdir().unwrap();
+        let roots = AllowedRoots::open(&[tmp.path().to_owned()]).unwrap();
+        let volume = VolumeId::parse("vol-0123456789abcdef0").unwrap();
+        let policy = IdentityPolicy {
+            allow_loop_devices: true,
+            ..IdentityPolicy::default()
+        };
+        for (device, reason) in [
+            ("/dev/shm/link", Refusal::NotKernelName),
+            (
+                "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol0123456789abcdef0",
+                Refusal::NotKernelName,
+            ),
+            ("/dev/../dev/loop0", Refusal::NotKernelName),
+            ("/dev/null", Refusal::NotKernelName),
+            ("/dev/sda", Refusal::NotKernelName),
+            ("/dev/loop0p1", Refusal::NotKernelName),
+            ("dev/loop0", Refusal::NotKernelName),
+            ("/dev/loop987654", Refusal::NotBlockDevice),
+            ("/dev/nvme98n1", Refusal::NotBlockDevice),
+        ] {
+            let error = verify(&volume, device, &policy, &roots, &[]).unwrap_err();
+            assert_eq!(error, refused(device, &volume, reason), "{device}");
         }
     }
 }

@@ -2,21 +2,49 @@
 //!
 //! Only tools from a fixed table, by absolute path, with arguments the
 //! caller built from validated types; no shell, an empty environment,
-//! stdin from `/dev/null`, and no descriptor beyond stdio (the child
-//! closes the rest before it execs). Tools run from executor threads,
-//! started before the seccomp filter is installed on the serving threads,
-//! so the filter binds the helper and not the tools. An executor's thread
-//! count is the number of tools it runs at once.
+//! stdin from `/dev/null`, and no descriptor beyond stdio except the
+//! verified device, which the tool finds as fd 3 and names
+//! [`DEVICE_ARG`]: a tool never resolves a name the agent sent. Right
+//! before the exec the device is verified again
+//! ([`VerifiedDevice::reverify`]). Each tool runs in its own process group
+//! with a time limit; on expiry the whole group is killed.
+//!
+//! Tools run from executor threads, started before the seccomp filter is
+//! installed on the serving threads, so the filter binds the helper and
+//! not the tools. An executor's thread count is the number of tools it
+//! runs at once.
 
-use std::io;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::time::Duration;
 
 use ebs_csi_helper_proto::HelperError;
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::process::{Pid, PidfdFlags, Signal};
 
+use crate::device::VerifiedDevice;
 use crate::error::system;
 use crate::sys;
+
+/// How a tool names what it acts on: the fd the helper passes it as fd 3
+/// (`/dev/fd/3` is a link to this path; `/proc` is there even where
+/// `/dev/fd` is not).
+pub const DEVICE_ARG: &str = "/proc/self/fd/3";
+
+/// What a tool acts on, given to it as fd 3. Either way the device is
+/// verified again right before the exec.
+#[derive(Clone, Copy, Debug)]
+pub enum ToolTarget<'a> {
+    /// The verified device itself (blkid, mkfs, resize2fs).
+    Device(&'a VerifiedDevice),
+    /// The root of a mount of the verified device (`xfs_growfs`, which
+    /// takes a mount point).
+    MountOf(&'a VerifiedDevice, BorrowedFd<'a>),
+}
 
 /// The programs the helper may run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,7 +99,9 @@ impl Tool {
 struct Job {
     path: String,
     args: Vec<String>,
-    reply: mpsc::Sender<io::Result<Output>>,
+    device: VerifiedDevice,
+    fd3: OwnedFd,
+    reply: mpsc::Sender<Result<Output, HelperError>>,
 }
 
 /// A handle to a fixed pool of executor threads sharing one queue.
@@ -82,13 +112,14 @@ pub struct Executor {
 
 impl Executor {
     /// Starts `threads` executor threads named `name`; at most that many
-    /// tools run at once, later jobs wait in the queue. Call it before
-    /// installing the seccomp filter: the threads, and so every tool, stay
-    /// unfiltered.
+    /// tools run at once, later jobs wait in the queue. A tool still
+    /// running after `timeout` is killed with its process group. Call it
+    /// before installing the seccomp filter: the threads, and so every
+    /// tool, stay unfiltered.
     ///
     /// # Errors
     /// The error spawning a thread.
-    pub fn start(name: &str, threads: usize) -> io::Result<Self> {
+    pub fn start(name: &str, threads: usize, timeout: Duration) -> io::Result<Self> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let queue = Arc::new(Mutex::new(queue));
         for _ in 0..threads.max(1) {
@@ -99,25 +130,34 @@ impl Executor {
                     // while taking the next job, not while running it.
                     let next = queue.lock().unwrap_or_else(PoisonError::into_inner).recv();
                     let Ok(job) = next else { break };
-                    let _ = job.reply.send(execute(&job));
+                    let _ = job.reply.send(execute(&job, timeout));
                 }
             })?;
         }
         Ok(Self { jobs })
     }
 
-    /// Runs `tool` with `args` and returns its output, whatever its exit
-    /// status.
+    /// Runs `tool` with `args` on `target` (its fd 3, [`DEVICE_ARG`]) and
+    /// returns its output, whatever its exit status.
     ///
     /// # Errors
-    /// [`HelperError::System`] when the tool is missing or cannot be started.
-    pub fn run(&self, tool: Tool, args: &[&str]) -> Result<Output, HelperError> {
+    /// [`HelperError::DeviceRefused`] when the device changed before the
+    /// exec, [`HelperError::ToolFailed`] when the tool ran out of time,
+    /// [`HelperError::System`] when it is missing or cannot be started.
+    pub fn run(&self, tool: Tool, args: &[&str], target: ToolTarget<'_>) -> Result<Output, HelperError> {
         let path = tool.path()?;
-        tracing::info!(tool = %path, ?args, "exec");
+        let (device, fd3) = match target {
+            ToolTarget::Device(device) => (device, device.fd()),
+            ToolTarget::MountOf(device, mount_root) => (device, mount_root),
+        };
+        tracing::info!(tool = %path, ?args, device = ?device.path(), "exec");
+        let fd3 = rustix::io::fcntl_dupfd_cloexec(fd3, 0).map_err(|e| system("exec", e))?;
         let (reply, answer) = mpsc::channel();
         let job = Job {
-            path: path.clone(),
+            path,
             args: args.iter().map(|a| (*a).to_owned()).collect(),
+            device: device.clone(),
+            fd3,
             reply,
         };
         self.jobs
@@ -126,7 +166,6 @@ impl Executor {
         answer
             .recv()
             .map_err(|_| system("exec", "the executor threads are gone"))?
-            .map_err(|e| system(format!("starting {path}"), e))
     }
 
     /// Runs `tool` and requires exit status 0.
@@ -134,8 +173,8 @@ impl Executor {
     /// # Errors
     /// As [`Executor::run`], plus [`HelperError::ToolFailed`] with the exit
     /// status and the end of stderr.
-    pub fn run_checked(&self, tool: Tool, args: &[&str]) -> Result<Output, HelperError> {
-        let output = self.run(tool, args)?;
+    pub fn run_checked(&self, tool: Tool, args: &[&str], target: ToolTarget<'_>) -> Result<Output, HelperError> {
+        let output = self.run(tool, args, target)?;
         if output.status.success() {
             return Ok(output);
         }
@@ -156,7 +195,8 @@ impl Executor {
     }
 }
 
-fn execute(job: &Job) -> io::Result<Output> {
+fn execute(job: &Job, timeout: Duration) -> Result<Output, HelperError> {
+    job.device.reverify()?;
     let mut command = Command::new(&job.path);
     command
         .args(&job.args)
@@ -164,7 +204,67 @@ fn execute(job: &Job) -> io::Result<Output> {
         .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    sys::close_fds_on_exec(&mut command);
-    command.output()
+        .stderr(Stdio::piped())
+        .process_group(0);
+    sys::set_up_tool_fds(&mut command, job.fd3.as_raw_fd());
+    let starting = |e| system(format!("starting {}", job.path), e);
+    let mut child = command.spawn().map_err(starting)?;
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let in_time = wait_for_exit(&child, timeout);
+    if !matches!(in_time, Ok(true)) {
+        kill_group(&child);
+    }
+    let status = child
+        .wait()
+        .map_err(|e| system(format!("waiting for {}", job.path), e))?;
+    let output = Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    };
+    match in_time {
+        Ok(true) => Ok(output),
+        Ok(false) => Err(HelperError::ToolFailed {
+            tool: job.path.clone(),
+            detail: format!("still running after {} s; killed", timeout.as_secs()),
+        }),
+        Err(e) => Err(system(format!("waiting for {}", job.path), e)),
+    }
+}
+
+/// Reads a child's pipe to its end on a thread of its own, so a chatty
+/// tool never blocks on a full pipe while the executor waits for it.
+fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_end(&mut bytes);
+        }
+        bytes
+    })
+}
+
+/// Whether `child` exited within `timeout` (a pidfd becomes readable when
+/// its process exits).
+fn wait_for_exit(child: &Child, timeout: Duration) -> io::Result<bool> {
+    let pid = Pid::from_child(child);
+    let pidfd = rustix::process::pidfd_open(pid, PidfdFlags::empty())?;
+    let timeout = Timespec::try_from(timeout).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    loop {
+        let mut fds = [PollFd::new(&pidfd, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(ready) => return Ok(ready > 0),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Kills the tool and everything it started (its process group).
+fn kill_group(child: &Child) {
+    let pid = Pid::from_child(child);
+    if let Err(e) = rustix::process::kill_process_group(pid, Signal::KILL) {
+        tracing::warn!(pid = pid.as_raw_nonzero().get(), error = %e, "cannot kill a tool's process group");
+    }
 }

@@ -1,7 +1,7 @@
 //! The requests, each a fixed sequence of checks followed by one change.
 //! `docs/helper.md` lists the same steps in the same order.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use ebs_csi_helper_proto::{
@@ -12,14 +12,14 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::mount::MountFlags;
 
 use crate::claim::Claims;
-use crate::device::{self, IdentityPolicy, VerifiedDevice};
+use crate::device::{self, IdentityPolicy, Refusal, VerifiedDevice};
 use crate::error::system;
-use crate::exec::{Executor, Tool};
+use crate::exec::{DEVICE_ARG, Executor, Tool, ToolTarget};
 use crate::format::{self, Contents};
 use crate::mount::{self, Node};
 use crate::mountinfo::{self, MountEntry};
 use crate::options::{self, MountOptions};
-use crate::path::{AllowedRoots, SafePath, open_beneath};
+use crate::path::{AllowedRoots, SYMLINK, SafePath, open_beneath};
 
 /// Serves requests with a fixed configuration.
 ///
@@ -70,88 +70,118 @@ impl Handler {
     }
 
     /// Stage: validate options; under the lock, check and probe (see
-    /// [`Handler::stage_checked`]). A blank device is claimed, rechecked
-    /// and formatted outside the lock; then, under the lock again, every
-    /// check but the probe runs again and the new filesystem is mounted.
+    /// [`Handler::stage_checked`]). A blank device is claimed and formatted
+    /// outside the lock (verified again right before and after `mkfs`);
+    /// then, under the lock again, the same verified device is checked
+    /// once more and its new filesystem mounted.
     fn stage(&self, r: &StageRequest) -> Result<Reply, HelperError> {
         r.format.validate(r.fs_type).map_err(HelperError::InvalidRequest)?;
         let options = options::parse(Some(r.fs_type), &r.mount_flags)?;
         let exclusive = self.lock();
-        let Some(device) = self.stage_checked(r, &options, false)? else {
+        let Some(device) = self.stage_checked(r, &options, None)? else {
             return Ok(Reply::Done);
         };
-        let claim = self.claims.claim((device.major, device.minor), &device.path)?;
-        device.recheck()?;
+        let claim = self.claims.claim(device.number, &device.path())?;
         drop(exclusive);
-        tracing::info!(volume_id = %r.volume_id, device = %device.path, fs_type = r.fs_type.name(), "format");
-        format::format(&self.formatter, r.fs_type, &r.format, &device.path)?;
+        tracing::info!(volume_id = %r.volume_id, device = ?device.path(), fs_type = r.fs_type.name(), "format");
+        format::format(&self.formatter, r.fs_type, &r.format, &device)?;
         let _exclusive = self.lock();
         drop(claim);
-        self.stage_checked(r, &options, true).map(|_| Reply::Done)
+        self.stage_checked(r, &options, Some(device)).map(|_| Reply::Done)
     }
 
-    /// Resolves the staging directory, verifies the device, accepts an
-    /// identical existing mount, probes (unless this request has just
-    /// `formatted` the device, which nothing else touched while it was
-    /// claimed), and mounts a filesystem of the requested type. Returns
-    /// the device when it is blank (never when `formatted`).
+    /// Resolves the staging directory, verifies the device (or, after a
+    /// format, verifies the `formatted` device again), accepts an identical
+    /// existing mount, refuses a device in use as a raw block volume,
+    /// probes (unless just formatted), and mounts a filesystem of the
+    /// requested type from the verified fd, checking afterwards that the
+    /// staging path now holds exactly that device. Returns the device when
+    /// it is blank (never when `formatted`).
     fn stage_checked(
         &self,
         r: &StageRequest,
         options: &MountOptions,
-        formatted: bool,
+        formatted: Option<VerifiedDevice>,
     ) -> Result<Option<VerifiedDevice>, HelperError> {
         let staging = self.roots.check(&r.staging_path)?;
         let (fd, node) = open_existing(&staging, FileType::Directory)?;
-        let device = self.verify(&r.volume_id, &r.device, &read_mounts()?)?;
+        let mounts = read_mounts()?;
+        let just_formatted = formatted.is_some();
+        let device = match formatted {
+            Some(device) => {
+                device.reverify()?;
+                device
+            }
+            None => self.verify(&r.volume_id, &r.device, &mounts)?,
+        };
         if node.is_mount_root {
-            return if node.dev == (device.major, device.minor) {
+            return if node.dev == device.number {
                 Ok(None)
             } else {
                 Err(already_mounted(&staging, &node))
             };
         }
-        let contents = if formatted {
+        device::refuse_if_published_raw(&device, &mounts)?;
+        let contents = if just_formatted {
             Contents::Filesystem(r.fs_type.name().to_owned())
         } else {
-            format::probe(&self.tools, &device.path)?
+            format::probe(&self.tools, &device)?
         };
         match contents {
             Contents::Blank => return Ok(Some(device)),
             Contents::Filesystem(found) if found == r.fs_type.name() => {}
             Contents::Filesystem(found) | Contents::Other(found) => {
                 return Err(HelperError::FilesystemMismatch {
-                    device: device.path.clone(),
+                    device: device.path(),
                     found,
                     requested: r.fs_type.name().to_owned(),
                 });
             }
         }
         mount::mount_filesystem(&device, &fd, r.fs_type, options)?;
+        drop(fd);
+        let mounted = open_existing(&staging, FileType::Directory)
+            .ok()
+            .is_some_and(|(_, node)| node.is_mount_root && node.dev == device.number);
+        if !mounted || device.reverify().is_err() {
+            mount::unmount(&staging.open_parent(false)?, staging.name())?;
+            return Err(device.refusal(Refusal::Changed));
+        }
         Ok(None)
     }
 
-    /// Unstage: resolve the staging path; unmount it if it is a mount point.
+    /// Unstage: resolve the staging path; unmount it if it is a mount the
+    /// helper makes (ext2/3/4 or XFS). Nothing is removed: the CO owns the
+    /// staging directory.
     fn unstage(&self, staging: &SafePath<'_>) -> Result<Reply, HelperError> {
         let Some(fd) = staging.open()? else {
             return Ok(Reply::Done);
         };
-        if mount::inspect(&fd)?.is_mount_root {
-            drop(fd);
+        let node = mount::inspect(&fd)?;
+        drop(fd);
+        if node.is_mount_root {
+            refuse_foreign_mount(staging, &node, &read_mounts()?, MountKind::Filesystem)?;
             mount::unmount(&staging.open_parent(false)?, staging.name())?;
         }
         Ok(Reply::Done)
     }
 
-    /// Publish: validate options, resolve and check the source, accept an
-    /// identical existing mount, create the target, bind-mount, apply flags.
+    /// Publish: validate options, verify the source's device and, for a
+    /// staged volume, that the staging mount is that device's filesystem;
+    /// accept an identical existing mount, create the target, bind-mount,
+    /// check the new mount, apply flags. A refusal after the target was
+    /// created removes it again.
     fn publish(&self, r: &PublishRequest) -> Result<Reply, HelperError> {
+        let mounts = read_mounts()?;
         let (source, source_node, user_flags, want_type) = match &r.source {
             PublishSource::Staging {
+                volume_id,
+                device,
                 staging_path,
                 mount_flags,
             } => {
                 let flags = options::parse(None, mount_flags)?.flags | MountFlags::NODEV;
+                let device = self.verify(volume_id, device, &mounts)?;
                 let staging = self.roots.check(staging_path)?;
                 let (fd, node) = staging
                     .open()?
@@ -161,11 +191,21 @@ impl Handler {
                     .ok_or_else(|| HelperError::NotMounted {
                         path: staging_path.clone(),
                     })?;
+                let is_filesystem =
+                    find_mount(&mounts, node.mount_id).is_some_and(|m| FsType::from_name(&m.fs_type).is_some());
+                if node.dev != device.number || !is_filesystem {
+                    return Err(HelperError::NotStaged {
+                        path: staging_path.clone(),
+                        volume_id: volume_id.to_string(),
+                    });
+                }
                 (fd, node, flags, FileType::Directory)
             }
             PublishSource::Device { volume_id, device } => {
-                let device = self.verify(volume_id, device, &read_mounts()?)?;
-                let fd: OwnedFd = device.file.into();
+                let device = self.verify(volume_id, device, &mounts)?;
+                device::refuse_if_mounted(&device, &mounts)?;
+                let fd = rustix::io::fcntl_dupfd_cloexec(device.fd(), 0)
+                    .map_err(|e| system("duplicating the device fd", e))?;
                 let node = mount::inspect(&fd)?;
                 (fd, node, MountFlags::empty(), FileType::RegularFile)
             }
@@ -186,7 +226,7 @@ impl Handler {
         if let Some(existing) = open_target(&parent, &target)? {
             let node = mount::inspect(&existing)?;
             if node.is_mount_root {
-                let read_only = find_mount(&read_mounts()?, node.mount_id).is_some_and(MountEntry::is_read_only);
+                let read_only = find_mount(&mounts, node.mount_id).is_some_and(MountEntry::is_read_only);
                 return if same_source(&node) && read_only == r.readonly {
                     Ok(Reply::Done)
                 } else {
@@ -199,55 +239,65 @@ impl Handler {
                     reason: format!("exists and is not a {want_type:?}"),
                 });
             }
+            bind_checked(&source, &parent, &target, flags, same_source)
         } else {
             create_target(&parent, &target, want_type)?;
+            bind_checked(&source, &parent, &target, flags, same_source).inspect_err(|_| {
+                let flags = if want_type == FileType::Directory {
+                    AtFlags::REMOVEDIR
+                } else {
+                    AtFlags::empty()
+                };
+                let _ = rustix::fs::unlinkat(&parent, target.name(), flags);
+            })
         }
-        let fd = open_target(&parent, &target)?.ok_or_else(|| system("opening the new target", "vanished"))?;
-        mount::bind(&source, &fd)?;
-        drop(fd);
-        let mounted = open_target(&parent, &target)?.ok_or_else(|| system("opening the mounted target", "vanished"))?;
-        let node = mount::inspect(&mounted)?;
-        if !(node.is_mount_root && same_source(&node)) {
-            return Err(system(
-                "checking the new bind mount",
-                "the target changed during the request",
-            ));
-        }
-        if let Err(e) = mount::remount_bind(&mounted, flags) {
-            drop(mounted);
-            mount::unmount(&parent, target.name())?;
-            return Err(e);
-        }
-        Ok(Reply::Done)
     }
 
-    /// Unpublish: resolve the target; unmount it if mounted; remove it.
+    /// Unpublish: resolve the target; unmount it if it is a mount the
+    /// helper makes (a bind of an ext2/3/4 or XFS filesystem, or of a
+    /// device node); then remove what is left only if it is an empty
+    /// directory or empty regular file owned by root, as the helper creates
+    /// them. Anything else is refused and left as it is.
     fn unpublish(&self, target: &SafePath<'_>) -> Result<Reply, HelperError> {
         let Some(fd) = target.open()? else {
             return Ok(Reply::Done);
         };
         let parent = target.open_parent(false)?;
-        if mount::inspect(&fd)?.is_mount_root {
-            drop(fd);
+        let node = mount::inspect(&fd)?;
+        drop(fd);
+        if node.is_mount_root {
+            refuse_foreign_mount(target, &node, &read_mounts()?, MountKind::FilesystemOrDevice)?;
             mount::unmount(&parent, target.name())?;
         }
         let Some(fd) = open_target(&parent, target)? else {
             return Ok(Reply::Done);
         };
-        let flags = if mount::inspect(&fd)?.file_type == FileType::Directory {
-            AtFlags::REMOVEDIR
-        } else {
-            AtFlags::empty()
-        };
+        let left = rustix::fs::fstat(&fd).map_err(|e| system("fstat", e))?;
         drop(fd);
-        tracing::info!(target = %target.as_str(), "remove mount point");
-        rustix::fs::unlinkat(&parent, target.name(), flags)
-            .map_err(|e| system(format!("removing {}", target.as_str()), e))?;
+        let flags = match FileType::from_raw_mode(left.st_mode) {
+            FileType::Directory if left.st_uid == 0 => AtFlags::REMOVEDIR,
+            FileType::RegularFile if left.st_uid == 0 && left.st_size == 0 => AtFlags::empty(),
+            _ => {
+                return Err(HelperError::PathRefused {
+                    path: target.as_str().to_owned(),
+                    reason: NOT_A_MOUNT_POINT.to_owned(),
+                });
+            }
+        };
+        tracing::info!(target = ?target.as_str(), "remove mount point");
+        rustix::fs::unlinkat(&parent, target.name(), flags).map_err(|e| match e {
+            rustix::io::Errno::NOTEMPTY => HelperError::PathRefused {
+                path: target.as_str().to_owned(),
+                reason: NOT_A_MOUNT_POINT.to_owned(),
+            },
+            e => system(format!("removing {}", target.as_str()), e),
+        })?;
         Ok(Reply::Done)
     }
 
     /// Expand: verify the device, check it is what is mounted at the volume
-    /// path, grow the filesystem online, report the device size.
+    /// path, grow the filesystem online (the tool gets the device, or for
+    /// XFS the mount's root, as its fd 3), report the device size.
     fn expand(&self, r: &ExpandRequest) -> Result<Reply, HelperError> {
         let mounts = read_mounts()?;
         let device = self.verify(&r.volume_id, &r.device, &mounts)?;
@@ -255,18 +305,22 @@ impl Handler {
         let not_mounted = || HelperError::NotMounted {
             path: r.volume_path.clone(),
         };
-        let (_fd, node) = open_existing(&path, FileType::Directory).map_err(|_| not_mounted())?;
-        if !node.is_mount_root || node.dev != (device.major, device.minor) {
+        let (fd, node) = open_existing(&path, FileType::Directory).map_err(|_| not_mounted())?;
+        if !node.is_mount_root || node.dev != device.number {
             return Err(not_mounted());
         }
         let fs_type = find_mount(&mounts, node.mount_id)
             .and_then(|m| FsType::from_name(&m.fs_type))
             .ok_or_else(not_mounted)?;
-        device.recheck()?;
-        tracing::info!(volume_id = %r.volume_id, device = %device.path, volume_path = %r.volume_path, "grow filesystem");
+        tracing::info!(volume_id = %r.volume_id, device = ?device.path(), volume_path = ?r.volume_path, "grow filesystem");
         match fs_type {
-            FsType::Xfs => self.tools.run_checked(Tool::XfsGrowfs, &[r.volume_path.as_str()])?,
-            _ => self.tools.run_checked(Tool::Resize2fs, &[device.path.as_str()])?,
+            FsType::Xfs => {
+                self.tools
+                    .run_checked(Tool::XfsGrowfs, &[DEVICE_ARG], ToolTarget::MountOf(&device, fd.as_fd()))?
+            }
+            _ => self
+                .tools
+                .run_checked(Tool::Resize2fs, &[DEVICE_ARG], ToolTarget::Device(&device))?,
         };
         Ok(Reply::Expanded {
             size_bytes: device.size_bytes()?,
@@ -276,7 +330,7 @@ impl Handler {
     /// Proves `device` is `volume_id` and that no format is running on it.
     fn verify(&self, volume_id: &VolumeId, device: &str, mounts: &[MountEntry]) -> Result<VerifiedDevice, HelperError> {
         let verified = device::verify(volume_id, device, &self.policy, &self.roots, mounts)?;
-        self.claims.check((verified.major, verified.minor), &verified.path)?;
+        self.claims.check(verified.number, &verified.path())?;
         Ok(verified)
     }
 
@@ -288,6 +342,75 @@ impl Handler {
     fn lock(&self) -> MutexGuard<'_, ()> {
         self.exclusive.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// The reason Unpublish gives for a path it will not remove.
+pub const NOT_A_MOUNT_POINT: &str = "is neither a mount the helper made nor an empty mount point it could have created";
+
+/// The reason Unstage and Unpublish give for a mount the helper does not make.
+pub const FOREIGN_MOUNT: &str = "is a mount the helper does not make";
+
+/// The mounts Unstage and Unpublish may remove.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MountKind {
+    /// ext2/3/4 or XFS (a staging mount, or a bind of one).
+    Filesystem,
+    /// That, or a device node (a raw block volume's bind).
+    FilesystemOrDevice,
+}
+
+/// Refuses to unmount what the helper never mounts there: another pod's
+/// secret, an emptyDir, a host mount beneath the root.
+fn refuse_foreign_mount(
+    path: &SafePath<'_>,
+    node: &Node,
+    mounts: &[MountEntry],
+    kind: MountKind,
+) -> Result<(), HelperError> {
+    let fs_type = find_mount(mounts, node.mount_id).map(|m| m.fs_type.as_str());
+    let ours = fs_type.and_then(FsType::from_name).is_some()
+        || (kind == MountKind::FilesystemOrDevice && node.file_type == FileType::BlockDevice);
+    if ours {
+        Ok(())
+    } else {
+        Err(HelperError::PathRefused {
+            path: path.as_str().to_owned(),
+            reason: FOREIGN_MOUNT.to_owned(),
+        })
+    }
+}
+
+/// Bind-mounts `source` onto the existing target, checks that the new
+/// mount is the source, and applies `flags`; on any failure after the bind
+/// it unmounts again.
+fn bind_checked(
+    source: &OwnedFd,
+    parent: &OwnedFd,
+    target: &SafePath<'_>,
+    flags: MountFlags,
+    same_source: impl Fn(&Node) -> bool,
+) -> Result<Reply, HelperError> {
+    let fd = open_target(parent, target)?.ok_or_else(|| system("opening the new target", "vanished"))?;
+    mount::bind(source, &fd)?;
+    drop(fd);
+    let checked = open_target(parent, target)?
+        .ok_or_else(|| system("opening the mounted target", "vanished"))
+        .and_then(|mounted| {
+            let node = mount::inspect(&mounted)?;
+            if node.is_mount_root && same_source(&node) {
+                mount::remount_bind(&mounted, flags)
+            } else {
+                Err(system(
+                    "checking the new bind mount",
+                    "the target changed during the request",
+                ))
+            }
+        });
+    if let Err(e) = checked {
+        mount::unmount(parent, target.name())?;
+        return Err(e);
+    }
+    Ok(Reply::Done)
 }
 
 /// Opens an existing path and checks its type.
@@ -311,7 +434,7 @@ fn open_target(parent: &OwnedFd, target: &SafePath<'_>) -> Result<Option<OwnedFd
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => Err(HelperError::PathRefused {
             path: target.as_str().to_owned(),
-            reason: "is a symlink".into(),
+            reason: SYMLINK.into(),
         }),
         Err(e) => Err(system(format!("opening {}", target.as_str()), e)),
     }
@@ -321,7 +444,7 @@ fn open_target(parent: &OwnedFd, target: &SafePath<'_>) -> Result<Option<OwnedFd
 /// (block volumes, a mount point for the device node).
 fn create_target(parent: &OwnedFd, target: &SafePath<'_>, file_type: FileType) -> Result<(), HelperError> {
     let error = |e| system(format!("creating {}", target.as_str()), e);
-    tracing::info!(target = %target.as_str(), ?file_type, "create mount point");
+    tracing::info!(target = ?target.as_str(), ?file_type, "create mount point");
     if file_type == FileType::Directory {
         rustix::fs::mkdirat(parent, target.name(), Mode::from_raw_mode(0o755)).map_err(error)
     } else {

@@ -57,16 +57,21 @@ struct Args {
     /// Connections served at once; more are answered "busy".
     #[arg(long, default_value_t = 16)]
     max_connections: usize,
-    /// Seconds a peer has to send its request and to read the answer.
+    /// Seconds a peer has to send its whole request, and to read the answer.
     #[arg(long, default_value_t = 5)]
     io_timeout_seconds: u64,
+    /// Seconds a tool (blkid, mkfs, resize2fs, xfs_growfs) may run before
+    /// it is killed with its process group. The default leaves room for
+    /// formatting and growing a 16 TiB volume.
+    #[arg(long, default_value_t = 1800, value_parser = clap::value_parser!(u64).range(1..))]
+    tool_timeout_seconds: u64,
 }
 
 /// Start-up, in the order of `docs/helper.md`.
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     // 1. Take the systemd socket, if any; close every other inherited fd.
-    let activated = ebs_csi_helper::listener_from_systemd();
+    let activated = ebs_csi_helper::listener_from_systemd().context("taking the socket from systemd")?;
     ebs_csi_helper::close_inherited_fds(activated.is_some()).context("closing inherited descriptors")?;
     // 2. Clear the environment (nothing below reads it).
     ebs_csi_helper::clear_environment();
@@ -87,9 +92,10 @@ fn main() -> anyhow::Result<()> {
     harden::forbid_new_privileges().context("setting no_new_privs")?;
     // 7. The executor threads (tools run from them, outside the filter),
     //    then the seccomp allowlist on the serving thread and its children.
-    let tools = Executor::start("tools", 1).context("starting the executor threads")?;
-    let formatter =
-        Executor::start("formatter", args.max_parallel_formats.into()).context("starting the executor threads")?;
+    let tool_timeout = Duration::from_secs(args.tool_timeout_seconds);
+    let tools = Executor::start("tools", 1, tool_timeout).context("starting the executor threads")?;
+    let formatter = Executor::start("formatter", args.max_parallel_formats.into(), tool_timeout)
+        .context("starting the executor threads")?;
     harden::install_seccomp().context("installing the seccomp filter")?;
     let policy = IdentityPolicy {
         nvme_vendor_id: args.nvme_vendor_id,

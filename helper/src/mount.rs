@@ -61,12 +61,15 @@ pub fn inspect(fd: &OwnedFd) -> Result<Node, HelperError> {
 }
 
 /// Mounts the filesystem on `device` at the directory `target` with
-/// `mount(2)`. Always `nosuid,nodev`; XFS always `nouuid`, so a copy
+/// `mount(2)`. The source is the kernel's name for the device
+/// ([`VerifiedDevice::path`], see [`crate::device`] for why not the fd),
+/// verified again right before the call; the caller checks the new mount
+/// right after. Always `nosuid,nodev`; XFS always `nouuid`, so a copy
 /// restored from a snapshot mounts beside its source.
 ///
 /// # Errors
-/// [`HelperError::System`] when `mount(2)` fails or the device path no
-/// longer names the verified device.
+/// [`HelperError::DeviceRefused`] when the device changed,
+/// [`HelperError::System`] when `mount(2)` fails.
 pub fn mount_filesystem(
     device: &VerifiedDevice,
     target: &OwnedFd,
@@ -79,16 +82,17 @@ pub fn mount_filesystem(
     }
     let data = CString::new(data.join(",")).map_err(|e| system("mount data", e))?;
     let flags = options.flags | MountFlags::NOSUID | MountFlags::NODEV;
-    device.recheck()?;
-    tracing::info!(device = %device.path, target = %fd_path(target), fs_type = fs.name(), ?flags, data = ?data, "mount");
+    let source = device.path();
+    device.reverify()?;
+    tracing::info!(device = ?source, target = %fd_path(target), fs_type = fs.name(), ?flags, ?data, "mount");
     rustix::mount::mount(
-        device.path.as_str(),
+        source.as_str(),
         fd_path(target).as_str(),
         fs.name(),
         flags,
         Some(data.as_c_str()),
     )
-    .map_err(|e| system(format!("mounting {}", device.path), e))
+    .map_err(|e| system(format!("mounting {source}"), e))
 }
 
 /// Bind-mounts `source` onto `target` (`MS_BIND`, not recursive).
@@ -120,6 +124,6 @@ pub fn remount_bind(mount_root: &OwnedFd, flags: MountFlags) -> Result<(), Helpe
 /// [`HelperError::System`] when `umount2(2)` fails (`EBUSY` while in use).
 pub fn unmount(parent: &OwnedFd, name: &str) -> Result<(), HelperError> {
     let target = format!("{}/{name}", fd_path(parent));
-    tracing::info!(%target, "unmount");
+    tracing::info!(?target, "unmount");
     rustix::mount::unmount(target.as_str(), UnmountFlags::NOFOLLOW).map_err(|e| system(format!("unmounting {name}"), e))
 }

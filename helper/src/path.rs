@@ -5,9 +5,11 @@
 //! no empty component), matched to one of the allowed roots, and opened
 //! component by component with `openat2(RESOLVE_BENEATH |
 //! RESOLVE_NO_SYMLINKS)` from a directory fd the helper opened at start.
-//! The helper then acts on the fd (`/proc/self/fd/N`), never on the path
-//! string again, so a symlink swapped in during the call cannot redirect
-//! a mount.
+//! The parents are walked with `RESOLVE_NO_XDEV` as well: a path never
+//! leads into another mount (another pod's volume, a secret), only its
+//! last component may be a mount point. The helper then acts on the fd
+//! (`/proc/self/fd/N`), never on the path string again, so a symlink
+//! swapped in during the call cannot redirect a mount.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -18,6 +20,21 @@ use rustix::fs::{Mode, OFlags, ResolveFlags};
 
 /// The longest path accepted, in bytes (Linux `PATH_MAX`).
 const PATH_MAX: usize = 4096;
+
+/// kubelet's own files and directories directly beneath its root
+/// (`/var/lib/kubelet`): no path through them is accepted, so nothing is
+/// ever mounted over, unmounted from or removed from them.
+pub const RESERVED: [&str; 9] = [
+    "pki",
+    "device-plugins",
+    "plugins_registry",
+    "pod-resources",
+    "checkpoints",
+    "config.yaml",
+    "kubeconfig",
+    "cpu_manager_state",
+    "memory_manager_state",
+];
 
 /// The directories beneath which the helper may mount.
 #[derive(Debug)]
@@ -70,20 +87,22 @@ impl AllowedRoots {
     }
 
     /// Whether an absolute, already canonical path (such as a mountinfo
-    /// mount point) lies at or beneath one of the roots.
+    /// mount point) lies strictly beneath one of the roots: a disk mounted
+    /// at a root itself is the host's, not a volume's.
     pub fn contains(&self, absolute: &str) -> bool {
         let parts: Vec<&str> = absolute.split('/').filter(|c| !c.is_empty()).collect();
         self.roots
             .iter()
-            .any(|root| parts.starts_with(&root.components.iter().map(String::as_str).collect::<Vec<_>>()))
+            .any(|root| parts.len() > root.components.len() && root.components.iter().zip(&parts).all(|(a, b)| a == b))
     }
 
     /// Checks the form of `path` and finds its root.
     ///
     /// # Errors
     /// [`HelperError::PathRefused`] when the path is relative, too long,
-    /// has an empty, `.` or `..` component, or lies outside every root (or
-    /// is a root itself).
+    /// has an empty, `.` or `..` component, lies outside every root (or
+    /// is a root itself), or passes through one of kubelet's own
+    /// [`RESERVED`] entries.
     pub fn check<'r>(&'r self, path: &str) -> Result<SafePath<'r>, HelperError> {
         let refuse = |reason: &str| HelperError::PathRefused {
             path: path.to_owned(),
@@ -103,6 +122,9 @@ impl AllowedRoots {
             .filter(|root| parts.len() > root.components.len())
             .find(|root| root.components.iter().zip(&parts).all(|(a, b)| a == b))
             .ok_or_else(|| refuse("not beneath an allowed root"))?;
+        if RESERVED.contains(&parts[root.components.len()]) {
+            return Err(refuse("kubelet's own directory"));
+        }
         Ok(SafePath {
             root,
             below: parts[root.components.len()..].iter().map(|c| (*c).to_owned()).collect(),
@@ -122,22 +144,29 @@ impl SafePath<'_> {
         self.below.last().map_or("", String::as_str)
     }
 
-    /// Opens the path itself as an `O_PATH` fd; `None` when it does not exist.
+    /// Opens the path itself as an `O_PATH` fd; `None` when it does not
+    /// exist. Its parents must not cross a mount; the path itself may be a
+    /// mount point.
     ///
     /// # Errors
-    /// [`HelperError::PathRefused`] for a symlink or a non-directory on the
-    /// way, [`HelperError::System`] for other errors.
+    /// [`HelperError::PathRefused`] for a symlink, a non-directory or a
+    /// mount on the way, [`HelperError::System`] for other errors.
     pub fn open(&self) -> Result<Option<OwnedFd>, HelperError> {
-        match open_beneath(&self.root.dir, &self.below.join("/")) {
+        let parent = match self.open_parent(false) {
+            Err(HelperError::PathRefused { reason, .. }) if reason == NO_PARENT => return Ok(None),
+            other => other?,
+        };
+        match open_beneath(&parent, self.name()) {
             Ok(fd) => Ok(Some(fd)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(self.error(e)),
         }
     }
 
-    /// Opens the parent directory; with `create`, missing directories
-    /// below the root are made (mode 0755, so the unprivileged agent can
-    /// reach the volume for NodeGetVolumeStats) one component at a time.
+    /// Opens the parent directory, one component at a time, none of them
+    /// a mount point; with `create`, missing directories below the root are
+    /// made (mode 0755, so the unprivileged agent can reach the volume for
+    /// NodeGetVolumeStats).
     ///
     /// # Errors
     /// As [`SafePath::open`]; a missing parent without `create` is
@@ -146,13 +175,13 @@ impl SafePath<'_> {
         let parents = &self.below[..self.below.len() - 1];
         let mut dir = rustix::io::fcntl_dupfd_cloexec(&self.root.dir, 0).map_err(|e| self.error(e.into()))?;
         for name in parents {
-            dir = match open_beneath(&dir, name) {
+            dir = match open_dir_beneath(&dir, name) {
                 Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
                     match rustix::fs::mkdirat(&dir, name.as_str(), Mode::from_raw_mode(0o755)) {
                         Ok(()) | Err(rustix::io::Errno::EXIST) => {}
                         Err(e) => return Err(self.error(e.into())),
                     }
-                    open_beneath(&dir, name)
+                    open_dir_beneath(&dir, name)
                 }
                 other => other,
             }
@@ -163,10 +192,10 @@ impl SafePath<'_> {
 
     fn error(&self, e: io::Error) -> HelperError {
         let reason = match e.raw_os_error().map(rustix::io::Errno::from_raw_os_error) {
-            Some(rustix::io::Errno::LOOP) => "a component is a symlink".to_owned(),
-            Some(rustix::io::Errno::XDEV) => "resolves outside its root".to_owned(),
+            Some(rustix::io::Errno::LOOP) => SYMLINK.to_owned(),
+            Some(rustix::io::Errno::XDEV) => CROSSES_MOUNT.to_owned(),
             Some(rustix::io::Errno::NOTDIR) => "a parent component is not a directory".to_owned(),
-            Some(rustix::io::Errno::NOENT) => "a parent directory does not exist".to_owned(),
+            Some(rustix::io::Errno::NOENT) => NO_PARENT.to_owned(),
             _ => {
                 return HelperError::System {
                     operation: format!("resolving {}", self.text),
@@ -179,6 +208,29 @@ impl SafePath<'_> {
             reason,
         }
     }
+}
+
+/// The reason of [`HelperError::PathRefused`] for a path whose parents
+/// cross a mount point (or leave their root).
+pub const CROSSES_MOUNT: &str = "a parent crosses a mount point or leaves its root";
+
+/// The reason of [`HelperError::PathRefused`] for a symlink anywhere in
+/// the path.
+pub const SYMLINK: &str = "a component is a symlink";
+
+/// The reason of [`HelperError::PathRefused`] for a missing parent.
+const NO_PARENT: &str = "a parent directory does not exist";
+
+/// Opens the directory `name` in `dir` as an `O_PATH` fd like
+/// [`open_beneath`], and refuses it if it is a mount point (`EXDEV`).
+fn open_dir_beneath(dir: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat2(
+        dir,
+        name,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS | ResolveFlags::NO_XDEV,
+    )?)
 }
 
 /// Opens `relative` beneath `dir` as an `O_PATH` fd, refusing symlinks
@@ -238,7 +290,18 @@ mod tests {
         let ok = roots.check(&format!("{root}/a/b")).unwrap();
         assert_eq!(ok.name(), "b");
         assert!(roots.contains(&format!("{root}/a")));
+        assert!(!roots.contains(root), "a mount at the root itself is the host's");
         assert!(!roots.contains("/var"));
+        for reserved in RESERVED {
+            let path = format!("{root}/{reserved}/x");
+            assert_eq!(
+                roots.check(&path).unwrap_err(),
+                HelperError::PathRefused {
+                    path,
+                    reason: "kubelet's own directory".into()
+                }
+            );
+        }
     }
 
     #[test]

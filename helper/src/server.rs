@@ -1,10 +1,10 @@
 //! The socket loop: check the peer, read one frame, handle, answer.
 
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ebs_csi_helper_proto::{
     FrameVersion, HelperError, PROTOCOL_VERSION, RequestFrame, Response, decode, read_payload, write_frame,
@@ -20,7 +20,8 @@ pub struct ServerConfig {
     pub allowed_uids: Vec<u32>,
     /// Connections served at once; more are answered [`HelperError::Busy`].
     pub max_connections: usize,
-    /// Time allowed to send a whole request frame, and to read the answer.
+    /// Time allowed to send a whole request frame (one deadline for the
+    /// frame, however the peer spaces its bytes), and to read the answer.
     pub io_timeout: Duration,
 }
 
@@ -44,11 +45,7 @@ pub fn serve(listener: &UnixListener, handler: Arc<Handler>, config: &ServerConf
         let Some(uid) = admitted_peer(&stream, &config.allowed_uids) else {
             continue;
         };
-        if stream
-            .set_read_timeout(Some(config.io_timeout))
-            .and_then(|()| stream.set_write_timeout(Some(config.io_timeout)))
-            .is_err()
-        {
+        if stream.set_write_timeout(Some(config.io_timeout)).is_err() {
             continue;
         }
         if active.fetch_add(1, Ordering::SeqCst) >= config.max_connections {
@@ -57,12 +54,14 @@ pub fn serve(listener: &UnixListener, handler: Arc<Handler>, config: &ServerConf
             respond(&mut stream, Response::Err(HelperError::Busy));
             continue;
         }
-        let (handler, active) = (Arc::clone(&handler), Arc::clone(&active));
+        let (handler, slot, io_timeout) = (Arc::clone(&handler), Arc::clone(&active), config.io_timeout);
         let spawned = std::thread::Builder::new().name("connection".into()).spawn(move || {
-            serve_connection(&mut stream, uid, &handler);
-            active.fetch_sub(1, Ordering::SeqCst);
+            serve_connection(&mut stream, uid, &handler, io_timeout);
+            slot.fetch_sub(1, Ordering::SeqCst);
         });
         if let Err(e) = spawned {
+            // The closure never ran: give its slot back here.
+            active.fetch_sub(1, Ordering::SeqCst);
             tracing::error!(error = %e, "cannot start a connection thread");
         }
     }
@@ -88,8 +87,12 @@ fn admitted_peer(stream: &UnixStream, allowed_uids: &[u32]) -> Option<u32> {
     }
 }
 
-fn serve_connection(stream: &mut UnixStream, peer_uid: u32, handler: &Handler) {
-    let request = read_payload(stream)
+fn serve_connection(stream: &mut UnixStream, peer_uid: u32, handler: &Handler, io_timeout: Duration) {
+    let mut reader = FrameDeadline {
+        stream,
+        until: Instant::now() + io_timeout,
+    };
+    let request = read_payload(&mut reader)
         .map_err(|e| HelperError::InvalidRequest(e.to_string()))
         .and_then(|payload| match decode::<FrameVersion>(&payload) {
             Ok(FrameVersion { version }) if version != PROTOCOL_VERSION => {
@@ -104,16 +107,36 @@ fn serve_connection(stream: &mut UnixStream, peer_uid: u32, handler: &Handler) {
             let result = handler.handle(&frame.request);
             match &result {
                 Ok(reply) => tracing::info!(?reply, "done"),
-                Err(error) => tracing::warn!(%error, "refused"),
+                Err(error) => tracing::warn!(?error, "refused"),
             }
             result.map_or_else(Response::Err, Response::Ok)
         }
         Err(error) => {
-            tracing::warn!(peer_uid, %error, "bad frame");
+            tracing::warn!(peer_uid, ?error, "bad frame");
             Response::Err(error)
         }
     };
     respond(stream, response);
+}
+
+/// Reads a stream under one deadline: each read may wait only for what is
+/// left of the time, so a peer that trickles a byte at a time is cut off
+/// when the frame's time is up, not reset by every byte.
+struct FrameDeadline<'a> {
+    stream: &'a UnixStream,
+    until: Instant,
+}
+
+impl Read for FrameDeadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        let mut stream = self.stream;
+        stream.read(buf)
+    }
 }
 
 fn respond(stream: &mut UnixStream, response: Response) {

@@ -1,7 +1,7 @@
-//! Every `unsafe` block of the project: the NVMe admin ioctl, taking
-//! ownership of a socket inherited from systemd, closing inherited
-//! descriptors and clearing the environment at start, and closing
-//! descriptors in a child before it execs a tool.
+//! Every `unsafe` block of the project: the NVMe admin ioctl and
+//! `BLKGETDISKSEQ`, taking ownership of a socket inherited from systemd,
+//! closing inherited descriptors and clearing the environment at start,
+//! and setting up a tool's descriptors in the child before it execs.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -10,7 +10,9 @@ use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
-use rustix::ioctl::{Opcode, Updater, ioctl, opcode};
+use rustix::fs::FileType;
+use rustix::ioctl::{Getter, Opcode, Updater, ioctl, opcode};
+use rustix::net::AddressFamily;
 
 /// `struct nvme_admin_cmd` (alias `nvme_passthru_cmd`) from the kernel's
 /// `include/uapi/linux/nvme_ioctl.h`: 72 bytes, natural alignment.
@@ -59,23 +61,65 @@ pub(crate) fn nvme_admin_command(fd: BorrowedFd<'_>, cmd: &mut NvmeAdminCmd, buf
     Ok(())
 }
 
+/// `BLKGETDISKSEQ = _IOR(0x12, 128, __u64)` (include/uapi/linux/fs.h,
+/// Linux ≥ 5.15): the disk sequence number, unique to each disk the kernel
+/// creates (or each loop attachment) since boot.
+const BLKGETDISKSEQ: Opcode = opcode::read::<u64>(0x12, 128);
+
+/// The disk sequence number of the disk behind `fd`; `None` on kernels
+/// without it (`ENOTTY`).
+pub(crate) fn disk_sequence(fd: BorrowedFd<'_>) -> io::Result<Option<u64>> {
+    // SAFETY: BLKGETDISKSEQ writes one u64, which Getter provides.
+    match unsafe { ioctl(fd, Getter::<BLKGETDISKSEQ, u64>::new()) } {
+        Ok(seq) => Ok(Some(seq)),
+        Err(rustix::io::Errno::NOTTY) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The first socket passed by systemd socket activation (`LISTEN_FDS`,
 /// sd_listen_fds(3)): fd 3, when `LISTEN_PID` names this process.
-/// Returns `None` when the process was not socket-activated.
-pub fn listener_from_systemd() -> Option<UnixListener> {
+/// Returns `Ok(None)` when the process was not socket-activated.
+///
+/// # Errors
+/// `InvalidInput` when fd 3 is not a listening `AF_UNIX` stream socket
+/// (a unit that passes anything else is misconfigured).
+pub fn listener_from_systemd() -> io::Result<Option<UnixListener>> {
     const SD_LISTEN_FDS_START: RawFd = 3;
-    let pid = std::env::var("LISTEN_PID").ok()?.parse::<u32>().ok()?;
-    let count = std::env::var("LISTEN_FDS").ok()?.parse::<u32>().ok()?;
+    let var = |name| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
+    let (Some(pid), Some(count)) = (var("LISTEN_PID"), var("LISTEN_FDS")) else {
+        return Ok(None);
+    };
     if pid != std::process::id() || count < 1 {
-        return None;
+        return Ok(None);
     }
-    // SAFETY: with LISTEN_PID equal to our pid, systemd guarantees fd 3 is
-    // an open listening socket handed to this process and owned by nobody
-    // else in it; we take ownership exactly once (the environment is
-    // cleared right after start-up so this cannot run twice).
+    // SAFETY: fcntl(F_GETFD) only asks whether fd 3 is open; it touches no
+    // memory and takes no ownership.
+    let open = unsafe { libc::fcntl(SD_LISTEN_FDS_START, libc::F_GETFD) } >= 0;
+    if !open {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "LISTEN_FDS is set but fd 3 is not open",
+        ));
+    }
+    // SAFETY: with LISTEN_PID equal to our pid, systemd hands fd 3 (checked
+    // open above) to this process and nothing else in it owns it; we take
+    // ownership exactly once (the environment is cleared right after
+    // start-up so this cannot run twice).
     let fd = unsafe { OwnedFd::from_raw_fd(SD_LISTEN_FDS_START) };
-    rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC).ok()?;
-    Some(UnixListener::from(fd))
+    let is_listening_unix_socket = rustix::fs::fstat(&fd)
+        .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Socket)
+        && rustix::net::sockopt::socket_domain(&fd).is_ok_and(|d| d == AddressFamily::UNIX)
+        && rustix::net::sockopt::socket_type(&fd).is_ok_and(|t| t == rustix::net::SocketType::STREAM)
+        && rustix::net::sockopt::socket_acceptconn(&fd).unwrap_or(false);
+    if !is_listening_unix_socket {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "fd 3 from systemd is not a listening AF_UNIX stream socket",
+        ));
+    }
+    rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)?;
+    Ok(Some(UnixListener::from(fd)))
 }
 
 /// Closes every descriptor from `first` up (`close_range(2)`, Linux
@@ -112,14 +156,29 @@ pub fn clear_environment() {
     }
 }
 
+/// The descriptor number a tool finds the verified device at.
+pub(crate) const TOOL_DEVICE_FD: RawFd = 3;
+
 /// Makes `command`'s child close every descriptor beyond stdio before it
-/// execs, whatever the parent has open.
-pub(crate) fn close_fds_on_exec(command: &mut Command) {
+/// execs, whatever the parent has open, except `fd`, which the child finds
+/// as [`TOOL_DEVICE_FD`] (without close-on-exec).
+pub(crate) fn set_up_tool_fds(command: &mut Command, fd: RawFd) {
     // SAFETY: the closure runs in the child between fork and exec, where
-    // only async-signal-safe calls are allowed; it makes one raw syscall
-    // and allocates nothing.
+    // only async-signal-safe calls are allowed; it makes raw syscalls
+    // (fcntl, dup2, close_range) on integers and allocates nothing. The
+    // parent keeps `fd` open until the child has exited.
     unsafe {
-        command.pre_exec(|| close_from(3));
+        command.pre_exec(move || {
+            let moved = if fd == TOOL_DEVICE_FD {
+                libc::fcntl(fd, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, TOOL_DEVICE_FD)
+            };
+            if moved < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            close_from(4)
+        });
     }
 }
 
@@ -137,5 +196,6 @@ mod tests {
         assert_eq!(std::mem::offset_of!(NvmeAdminCmd, timeout_ms), 64);
         assert_eq!(std::mem::offset_of!(NvmeAdminCmd, result), 68);
         assert_eq!(NVME_IOCTL_ADMIN_CMD as u64, 0xC048_4E41);
+        assert_eq!(BLKGETDISKSEQ as u64, 0x8008_1280);
     }
 }

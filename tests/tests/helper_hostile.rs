@@ -13,8 +13,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ebs_csi_helper_proto::{
-    ExpandRequest, FsType, HelperClient, MAX_FRAME_BYTES, PublishRequest, PublishSource, Reply, Request, RequestFrame,
-    Response, UnpublishRequest, UnstageRequest, VolumeId, read_frame, write_frame,
+    ExpandRequest, FsType, HelperClient, MAX_FRAME_BYTES, PROTOCOL_VERSION, PublishRequest, PublishSource, Reply,
+    Request, RequestFrame, Response, UnpublishRequest, UnstageRequest, VolumeId, read_frame, write_frame,
 };
 use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, ebs_csi_mounts, require_root, run_as, stage_request};
 
@@ -138,6 +138,8 @@ fn two_hundred_hostile_requests_change_nothing() {
         };
         requests.push((format!("publish block onto {path:?}"), publish(path, device_source)));
         let bind_source = PublishSource::Staging {
+            volume_id: volume_id(),
+            device: device.clone(),
             staging_path: path.clone(),
             mount_flags: vec![],
         };
@@ -226,6 +228,8 @@ fn two_hundred_hostile_requests_change_nothing() {
             stage(&device, &format!("{root}/staging"), &[flag]),
         ));
         let source = PublishSource::Staging {
+            volume_id: volume_id(),
+            device: device.clone(),
             staging_path: format!("{root}/staging"),
             mount_flags: vec![flag.to_owned()],
         };
@@ -277,12 +281,12 @@ fn two_hundred_hostile_requests_change_nothing() {
     for (name, value) in [
         (
             "unknown kind Format",
-            map(vec![("version", 1.into()), ("request", "Format".into())]),
+            map(vec![("version", PROTOCOL_VERSION.into()), ("request", "Format".into())]),
         ),
         (
             "unknown kind Exec",
             map(vec![
-                ("version", 1.into()),
+                ("version", PROTOCOL_VERSION.into()),
                 ("request", map(vec![("Exec", map(vec![("argv", "sh".into())]))])),
             ]),
         ),
@@ -291,8 +295,11 @@ fn two_hundred_hostile_requests_change_nothing() {
             map(vec![("version", 0.into()), ("request", "Ping".into())]),
         ),
         (
-            "version 2",
-            map(vec![("version", 2.into()), ("request", "Ping".into())]),
+            "the next version",
+            map(vec![
+                ("version", (PROTOCOL_VERSION + 1).into()),
+                ("request", "Ping".into()),
+            ]),
         ),
         (
             "version 65535",
@@ -306,7 +313,7 @@ fn two_hundred_hostile_requests_change_nothing() {
         (
             "extra field",
             map(vec![
-                ("version", 1.into()),
+                ("version", PROTOCOL_VERSION.into()),
                 ("request", "Ping".into()),
                 ("sudo", true.into()),
             ]),
@@ -315,7 +322,7 @@ fn two_hundred_hostile_requests_change_nothing() {
         (
             "bad volume id",
             map(vec![
-                ("version", 1.into()),
+                ("version", PROTOCOL_VERSION.into()),
                 (
                     "request",
                     map(vec![(
@@ -332,7 +339,7 @@ fn two_hundred_hostile_requests_change_nothing() {
         (
             "unstage with extra field",
             map(vec![
-                ("version", 1.into()),
+                ("version", PROTOCOL_VERSION.into()),
                 (
                     "request",
                     map(vec![(
@@ -350,7 +357,14 @@ fn two_hundred_hostile_requests_change_nothing() {
     }
     for (what, bytes) in frames {
         match raw_exchange(&helper.socket, bytes, AGENT_UID) {
-            Some(Response::Ok(reply)) if reply != Reply::Pong { version: 1 } => panic!("{what}: accepted: {reply:?}"),
+            Some(Response::Ok(reply))
+                if reply
+                    != Reply::Pong {
+                        version: PROTOCOL_VERSION,
+                    } =>
+            {
+                panic!("{what}: accepted: {reply:?}")
+            }
             Some(Response::Ok(_)) => panic!("{what}: a malformed frame was answered like a ping"),
             _ => {}
         }

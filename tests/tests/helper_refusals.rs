@@ -11,8 +11,8 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 use ebs_csi_helper_proto::{
-    ClientError, FsType, HelperError, MAX_FRAME_BYTES, PublishRequest, PublishSource, Request, RequestFrame, Response,
-    VolumeId, read_frame, write_frame,
+    ClientError, FsType, HelperError, MAX_FRAME_BYTES, PROTOCOL_VERSION, PublishRequest, PublishSource, Request,
+    RequestFrame, Response, VolumeId, read_frame, write_frame,
 };
 use ebs_csi_tests::loopdev::run;
 use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, mounts_under, require_root, run_as, stage_request};
@@ -235,21 +235,24 @@ fn refuses_unknown_peers_and_bad_frames() {
     assert!(invalid(exchange(vec![0, 0, 1, 0, 0xa2])));
     assert!(invalid(exchange([4u32.to_be_bytes().to_vec(), vec![0xff; 4]].concat())));
     let mut unknown = Vec::new();
-    let value = ciborium::Value::Map(vec![("version".into(), 1.into()), ("request".into(), "Format".into())]);
+    let value = ciborium::Value::Map(vec![
+        ("version".into(), PROTOCOL_VERSION.into()),
+        ("request".into(), "Format".into()),
+    ]);
     write_frame(&mut unknown, &value).unwrap();
     assert!(invalid(exchange(unknown)));
     let mut other_version = Vec::new();
     write_frame(
         &mut other_version,
         &RequestFrame {
-            version: 2,
+            version: PROTOCOL_VERSION + 1,
             request: Request::Ping,
         },
     )
     .unwrap();
     assert_eq!(
         exchange(other_version),
-        Response::Err(HelperError::UnsupportedVersion(2))
+        Response::Err(HelperError::UnsupportedVersion(PROTOCOL_VERSION + 1))
     );
     assert_eq!(volume.signature(), "");
     // Still serving.

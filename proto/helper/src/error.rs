@@ -59,6 +59,15 @@ pub enum HelperError {
         /// The staging or volume path.
         path: String,
     },
+    /// The staging path is mounted, but not with the named volume's
+    /// filesystem (another device, or not ext2/3/4 or XFS).
+    #[error("{path} is not the staged filesystem of volume {volume_id}")]
+    NotStaged {
+        /// The staging path.
+        path: String,
+        /// The volume the request named.
+        volume_id: String,
+    },
     /// The helper is at its concurrency limit; try again.
     #[error("the helper is busy; try again")]
     Busy,

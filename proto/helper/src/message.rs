@@ -9,7 +9,7 @@ use crate::{FormatOptions, HelperError, VolumeId};
 
 /// The protocol version this crate speaks. The helper answers a frame of
 /// any other version with [`HelperError::UnsupportedVersion`].
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// What the agent sends: one request tagged with the protocol version.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,7 +96,8 @@ impl FsType {
 pub struct StageRequest {
     /// The volume the device must prove to be.
     pub volume_id: VolumeId,
-    /// Absolute path of the block device, e.g. `/dev/nvme1n1`.
+    /// The block device as `/dev/<kernel name>`, e.g. `/dev/nvme1n1`
+    /// (no symlink, no udev link: the helper refuses any other form).
     pub device: String,
     /// Absolute staging path, under one of the helper's allowed roots.
     pub staging_path: String,
@@ -128,11 +129,18 @@ pub struct PublishRequest {
     pub source: PublishSource,
 }
 
-/// The source of a [`PublishRequest`].
+/// The source of a [`PublishRequest`]. Both name the volume and its
+/// device: the helper binds only what it has proved to be that volume.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub enum PublishSource {
-    /// A filesystem volume, already mounted at `staging_path` by Stage.
+    /// A filesystem volume, already mounted at `staging_path` by Stage; the
+    /// mount must be the filesystem on `device`, proved to be `volume_id`.
     Staging {
+        /// The volume the staged filesystem must belong to.
+        volume_id: VolumeId,
+        /// The block device, `/dev/<kernel name>` (e.g. `/dev/nvme1n1`).
+        device: String,
         /// Absolute staging path, under one of the helper's allowed roots.
         staging_path: String,
         /// Per-mount options (each must be on the helper's allowlist).
@@ -142,7 +150,7 @@ pub enum PublishSource {
     Device {
         /// The volume the device must prove to be.
         volume_id: VolumeId,
-        /// Absolute path of the block device.
+        /// The block device, `/dev/<kernel name>`.
         device: String,
     },
 }
@@ -161,7 +169,7 @@ pub struct UnpublishRequest {
 pub struct ExpandRequest {
     /// The volume the device must prove to be.
     pub volume_id: VolumeId,
-    /// Absolute path of the block device.
+    /// The block device, `/dev/<kernel name>`.
     pub device: String,
     /// A staging or target path where the device's filesystem is mounted.
     pub volume_path: String,
@@ -252,7 +260,35 @@ mod tests {
                 )]),
             ),
         ]);
-        for value in [unknown_field, unknown_kind, bad_volume] {
+        let staging_source = |extra: Option<(&str, bool)>| {
+            let mut fields = vec![
+                (Value::from("volume_id"), Value::from("vol-0123456789abcdef0")),
+                (Value::from("device"), Value::from("/dev/nvme1n1")),
+                (Value::from("staging_path"), Value::from("/var/lib/kubelet/s")),
+                (Value::from("mount_flags"), Value::Array(vec![])),
+            ];
+            fields.extend(extra.map(|(k, v)| (Value::from(k), Value::from(v))));
+            Value::Map(vec![
+                (Value::from("version"), Value::from(PROTOCOL_VERSION)),
+                (
+                    Value::from("request"),
+                    Value::Map(vec![(
+                        Value::from("Publish"),
+                        Value::Map(vec![
+                            (Value::from("target_path"), Value::from("/var/lib/kubelet/t")),
+                            (Value::from("readonly"), Value::from(false)),
+                            (
+                                Value::from("source"),
+                                Value::Map(vec![(Value::from("Staging"), Value::Map(fields))]),
+                            ),
+                        ]),
+                    )]),
+                ),
+            ])
+        };
+        decode::<RequestFrame>(&encode(&staging_source(None))).unwrap();
+        let unknown_in_variant = staging_source(Some(("recursive", true)));
+        for value in [unknown_field, unknown_kind, bad_volume, unknown_in_variant] {
             let result = decode::<RequestFrame>(&encode(&value));
             assert!(
                 matches!(result, Err(FrameError::Decode(_))),
