@@ -75,9 +75,11 @@ fn main() -> anyhow::Result<()> {
     ebs_csi_helper::close_inherited_fds(activated.is_some()).context("closing inherited descriptors")?;
     // 2. Clear the environment (nothing below reads it).
     ebs_csi_helper::clear_environment();
-    // 3. The audit log: structured lines on stderr.
+    // 3. The audit log: structured lines on stderr, no terminal colours;
+    //    request strings are logged escaped (Debug), so none can start a line.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(false)
         .with_max_level(tracing::Level::INFO)
         .init();
     // 4. Open the allowed roots; every path is resolved beneath these fds.

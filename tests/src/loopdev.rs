@@ -72,6 +72,21 @@ impl LoopVolume {
     pub fn signature(&self) -> String {
         signature(&self.device)
     }
+
+    /// The device's first and last MiB, read through the device: equal
+    /// before and after a request means the request wrote nothing where
+    /// filesystems and partition tables keep their signatures.
+    pub fn ends(&self) -> Vec<u8> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut device = std::fs::File::open(&self.device).expect("open device");
+        let size = self.size_bytes();
+        let mut bytes = vec![0u8; 2 << 20];
+        let (head, tail) = bytes.split_at_mut(1 << 20);
+        device.read_exact(head).expect("read head");
+        device.seek(SeekFrom::Start(size - (1 << 20))).expect("seek");
+        device.read_exact(tail).expect("read tail");
+        bytes
+    }
 }
 
 /// What `blkid -p` says a device holds, or empty when blank.

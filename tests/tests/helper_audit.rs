@@ -1,0 +1,756 @@
+//! The hostile cases of the helper audit (shared/reviews/helper-audit.md,
+//! §4 T1–T19), each against the real helper over loop devices: every
+//! refusal is the exact `HelperError`, and nothing changed afterwards (the
+//! mount table, the volumes' first and last MiB, the files around).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration tests: a failed step fails the test"
+)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ebs_csi_helper::device::Refusal;
+use ebs_csi_helper::handler::{FOREIGN_MOUNT, NOT_A_MOUNT_POINT};
+use ebs_csi_helper::path::CROSSES_MOUNT;
+use ebs_csi_helper_proto::{
+    ClientError, ExpandRequest, FsType, HelperError, PROTOCOL_VERSION, PublishRequest, PublishSource, Reply, Request,
+    Response, UnpublishRequest, UnstageRequest, VolumeId, read_frame, write_frame,
+};
+use ebs_csi_tests::children::children_named;
+use ebs_csi_tests::loopdev::run;
+use ebs_csi_tests::{
+    AGENT_UID, Helper, LoopVolume, Sandbox, ebs_csi_mounts, is_mounted, mounts_under, require_root, run_as,
+    stage_request, wait_until,
+};
+use rustix::process::{Pid, Signal, kill_process};
+
+const A: &str = "vol-0aaaaaaaaaaaaaaa1";
+const B: &str = "vol-0bbbbbbbbbbbbbbb2";
+
+/// What must not change: this sandbox's mounts, PID 1's mount points, and
+/// the ends and signature of each volume.
+struct Unchanged<'a> {
+    sandbox: &'a Path,
+    mounts: Vec<String>,
+    host: Vec<String>,
+    volumes: Vec<(&'a LoopVolume, Vec<u8>, String)>,
+}
+
+impl<'a> Unchanged<'a> {
+    fn record(sandbox: &'a Sandbox, volumes: &[&'a LoopVolume]) -> Self {
+        Self {
+            sandbox: sandbox.path(),
+            mounts: mounts_under(sandbox.path()),
+            host: host_mounts(),
+            volumes: volumes.iter().map(|v| (*v, v.ends(), v.signature())).collect(),
+        }
+    }
+
+    fn assert(&self, what: &str) {
+        assert_eq!(
+            mounts_under(self.sandbox),
+            self.mounts,
+            "{what}: the sandbox's mounts changed"
+        );
+        assert_eq!(host_mounts(), self.host, "{what}: PID 1's mount table changed");
+        for (volume, ends, signature) in &self.volumes {
+            assert_eq!(
+                &volume.signature(),
+                signature,
+                "{what}: {} changed its signature",
+                volume.volume_id
+            );
+            assert!(&volume.ends() == ends, "{what}: {} was written to", volume.volume_id);
+        }
+    }
+}
+
+/// PID 1's mount points outside every test sandbox.
+fn host_mounts() -> Vec<String> {
+    std::fs::read_to_string("/proc/1/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
+        .filter(|m| !m.starts_with("/tmp/ebs-csi-test-"))
+        .collect()
+}
+
+fn device_refused(device: &str, volume: &str, reason: Refusal) -> HelperError {
+    HelperError::DeviceRefused {
+        device: device.to_owned(),
+        volume_id: volume.to_owned(),
+        reason: reason.to_string(),
+    }
+}
+
+fn path_refused(path: &Path, reason: &str) -> HelperError {
+    HelperError::PathRefused {
+        path: path.to_string_lossy().into_owned(),
+        reason: reason.to_owned(),
+    }
+}
+
+/// Sends `request` and asserts it is refused with exactly `expected`.
+fn expect_refused(helper: &Helper, request: Request, expected: &HelperError) {
+    match helper.call(request.clone()) {
+        Err(ClientError::Helper(e)) => assert_eq!(&e, expected, "{request:?}"),
+        other => panic!("{request:?}: expected {expected}, got {other:?}"),
+    }
+}
+
+fn text(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+fn stage(volume: &str, device: &Path, staging: &Path) -> Request {
+    stage_request(volume, device, staging, FsType::Ext4, &[])
+}
+
+fn publish_device(volume: &str, device: &Path, target: &Path) -> Request {
+    Request::Publish(PublishRequest {
+        target_path: text(target),
+        readonly: false,
+        source: PublishSource::Device {
+            volume_id: VolumeId::parse(volume).unwrap(),
+            device: text(device),
+        },
+    })
+}
+
+fn publish_staged(volume: &str, device: &Path, staging: &Path, target: &Path) -> Request {
+    Request::Publish(PublishRequest {
+        target_path: text(target),
+        readonly: false,
+        source: PublishSource::Staging {
+            volume_id: VolumeId::parse(volume).unwrap(),
+            device: text(device),
+            staging_path: text(staging),
+            mount_flags: vec![],
+        },
+    })
+}
+
+fn unpublish(target: &Path) -> Request {
+    Request::Unpublish(UnpublishRequest {
+        target_path: text(target),
+    })
+}
+
+fn mount_tmpfs(path: &Path) {
+    std::fs::create_dir_all(path).unwrap();
+    run("mount", &["-t", "tmpfs", "tmpfs", &text(path)]);
+}
+
+/// Nodes this test makes directly in `/dev` under names the helper would
+/// accept (`nvme9XnY`, `loop9XXXX`: no such devices here), removed on drop.
+struct DevNodes(Vec<PathBuf>);
+
+impl DevNodes {
+    fn path(&mut self, name: &str) -> PathBuf {
+        let path = Path::new("/dev").join(name);
+        let _ = std::fs::remove_file(&path);
+        self.0.push(path.clone());
+        path
+    }
+}
+
+impl Drop for DevNodes {
+    fn drop(&mut self) {
+        for path in &self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// T2, T3, T19: a device named by a symlink, however it flips, is refused
+/// before anything opens it: a path that is not `/dev/<kernel name>` by its
+/// form, a symlink carrying a kernel name as not a block device node, with
+/// the same answer as a missing node or one pointing at a host file.
+#[test]
+fn symlinked_devices_are_refused_whatever_they_point_to() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let a = LoopVolume::create(sandbox.path(), A, 64);
+    let b = LoopVolume::create(sandbox.path(), B, 64);
+    run("mkfs.ext4", &["-q", &text(&b.device)]);
+    let staging = sandbox.mkdir("kubelet/staging");
+    let unchanged = Unchanged::record(&sandbox, &[&a, &b]);
+    let shm = sandbox.mkdir("shm-links");
+    let mut nodes = DevNodes(Vec::new());
+    let (kernel_named, missing, to_shadow) = (
+        nodes.path("loop98761"),
+        nodes.path("loop98762"),
+        nodes.path("loop98763"),
+    );
+    std::os::unix::fs::symlink(&b.device, &kernel_named).unwrap();
+    std::os::unix::fs::symlink("/etc/shadow", &to_shadow).unwrap();
+    std::os::unix::fs::symlink(&a.device, shm.join("l1")).unwrap();
+    std::os::unix::fs::symlink(&b.device, shm.join("l2")).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = std::thread::spawn({
+        let (shm, stop) = (shm.clone(), stop.clone());
+        move || {
+            let mut swaps = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (l1, l2) = (shm.join("l1"), shm.join("l2"));
+                rustix::fs::renameat_with(
+                    rustix::fs::CWD,
+                    &l1,
+                    rustix::fs::CWD,
+                    &l2,
+                    rustix::fs::RenameFlags::EXCHANGE,
+                )
+                .unwrap();
+                swaps += 1;
+            }
+            swaps
+        }
+    });
+    for _ in 0..200 {
+        let link = shm.join("l1");
+        expect_refused(
+            &helper,
+            stage(A, &link, &staging),
+            &device_refused(&text(&link), A, Refusal::NotKernelName),
+        );
+        assert!(!is_mounted(&staging), "a symlinked device was mounted");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        swapper.join().unwrap() > 200,
+        "the links did not flip while the requests ran"
+    );
+    for device in [&kernel_named, &missing, &to_shadow] {
+        let expected = device_refused(&text(device), B, Refusal::NotBlockDevice);
+        expect_refused(&helper, stage(B, device, &staging), &expected);
+        expect_refused(
+            &helper,
+            publish_device(B, device, &sandbox.path().join("kubelet/b")),
+            &expected,
+        );
+    }
+    unchanged.assert("symlinked devices");
+    assert!(!sandbox.path().join("kubelet/b").exists());
+}
+
+/// T1 and T20 on loop devices: a format is queued behind a frozen `mkfs`;
+/// meanwhile the device's name is made to point at another volume's device
+/// number (what a hot-unplug and re-attach under the same name does). When
+/// the queued format's turn comes, the re-verification right before the
+/// exec refuses it, and neither volume is written.
+#[test]
+fn a_device_renamed_while_its_format_waits_is_never_formatted() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &["--max-parallel-formats", "1"]);
+    let blocker = LoopVolume::create(sandbox.path(), "vol-0ccccccccccccccc3", 512);
+    let a = LoopVolume::create(sandbox.path(), A, 64);
+    let b = LoopVolume::create(sandbox.path(), B, 64);
+    std::fs::write(&b.file, vec![0x5a; 64 << 20]).unwrap();
+    let mut nodes = DevNodes(Vec::new());
+    let moved_aside = nodes.path(&format!("{}-aside", a.device.file_name().unwrap().to_string_lossy()));
+    let unchanged = Unchanged::record(&sandbox, &[&a, &b]);
+    let (stage_blocker, stage_a) = (
+        stage("vol-0ccccccccccccccc3", &blocker.device, &sandbox.mkdir("kubelet/c")),
+        stage(A, &a.device, &sandbox.mkdir("kubelet/a")),
+    );
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| helper.call(stage_blocker));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mkfs = loop {
+            if let Some(&pid) = children_named(helper.process.pid(), "mkfs").first() {
+                break Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
+            }
+            assert!(Instant::now() < deadline, "mkfs never started");
+            std::thread::yield_now();
+        };
+        kill_process(mkfs, Signal::STOP).unwrap();
+        let queued = scope.spawn(|| helper.call(stage_a));
+        // The queued Stage has passed its checks once it waits for the
+        // formatter: its device is claimed, which an Expand (harmless
+        // either way: nothing is mounted) is told.
+        let probe = Request::Expand(ExpandRequest {
+            volume_id: VolumeId::parse(A).unwrap(),
+            device: text(&a.device),
+            volume_path: text(&sandbox.path().join("kubelet/a")),
+        });
+        wait_until("the format of A to queue", Duration::from_secs(20), || {
+            matches!(
+                helper.call(probe.clone()),
+                Err(ClientError::Helper(HelperError::InProgress { .. }))
+            )
+        });
+        std::fs::rename(&a.device, &moved_aside).unwrap();
+        let st = rustix::fs::stat(&b.device).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &a.device,
+            rustix::fs::FileType::BlockDevice,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            st.st_rdev,
+        )
+        .unwrap();
+        kill_process(mkfs, Signal::CONT).unwrap();
+        let refused = queued.join().unwrap();
+        std::fs::rename(&moved_aside, &a.device).unwrap();
+        assert_eq!(first.join().unwrap().unwrap(), Reply::Done);
+        match refused {
+            Err(ClientError::Helper(e)) => assert_eq!(e, device_refused(&text(&a.device), A, Refusal::Changed)),
+            other => panic!("the renamed device's format went on: {other:?}"),
+        }
+    });
+    assert!(!is_mounted(&sandbox.path().join("kubelet/a")));
+    let unstage = Request::Unstage(UnstageRequest {
+        staging_path: text(&sandbox.path().join("kubelet/c")),
+    });
+    assert_eq!(helper.call(unstage).unwrap(), Reply::Done);
+    unchanged.assert("a renamed device");
+}
+
+/// T5: Unpublish removes only an empty mount point the helper could have
+/// made; files, sockets and other pods' data stay.
+#[test]
+fn unpublish_removes_only_empty_mount_points() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let kubelet = sandbox.kubelet();
+    let notes = sandbox.mkdir("kubelet/pods/p1").join("notes.txt");
+    std::fs::write(&notes, "a pod's file").unwrap();
+    let socket_path = sandbox.mkdir("kubelet/plugins/x").join("csi.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket_path).unwrap();
+    let agents_empty = sandbox.mkdir("kubelet/pods/p1").join("agents-empty");
+    std::fs::write(&agents_empty, "").unwrap();
+    std::os::unix::fs::chown(&agents_empty, Some(AGENT_UID), Some(AGENT_UID)).unwrap();
+    let volume = sandbox.path().join("kubelet/pods/p2/volumes/v");
+    mount_tmpfs(&volume);
+    std::fs::write(volume.join("data.db"), "another pod's data").unwrap();
+    let unchanged = Unchanged::record(&sandbox, &[]);
+    for (target, reason) in [
+        (notes.clone(), NOT_A_MOUNT_POINT),
+        (socket_path.clone(), NOT_A_MOUNT_POINT),
+        (agents_empty.clone(), NOT_A_MOUNT_POINT),
+        (volume.join("data.db"), CROSSES_MOUNT),
+        (kubelet.join("config.yaml"), "kubelet's own directory"),
+    ] {
+        expect_refused(&helper, unpublish(&target), &path_refused(&target, reason));
+    }
+    expect_refused(&helper, unpublish(&volume), &path_refused(&volume, FOREIGN_MOUNT));
+    unchanged.assert("unpublish of what is not a mount");
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "a pod's file");
+    assert!(socket_path.exists() && agents_empty.exists());
+    assert_eq!(
+        std::fs::read_to_string(volume.join("data.db")).unwrap(),
+        "another pod's data"
+    );
+    let leftover = sandbox.mkdir("kubelet/pods/p1/volumes/kubernetes.io~csi/pv/mount");
+    assert_eq!(helper.call(unpublish(&leftover)).unwrap(), Reply::Done);
+    assert!(!leftover.exists(), "an empty mount point the helper made stays behind");
+}
+
+/// T6, T7: Publish binds only the named volume's staged filesystem, and no
+/// path leads through another mount.
+#[test]
+fn publish_binds_only_the_volumes_staged_filesystem() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let a = LoopVolume::create(sandbox.path(), A, 64);
+    let b = LoopVolume::create(sandbox.path(), B, 64);
+    let kubelet = sandbox.kubelet();
+    let secret = kubelet.join("pods/victim/volumes/kubernetes.io~secret/s");
+    mount_tmpfs(&secret);
+    std::fs::write(secret.join("token"), "victim's token").unwrap();
+    let staging_b = sandbox.mkdir("kubelet/staging/b");
+    assert_eq!(helper.call(stage(B, &b.device, &staging_b)).unwrap(), Reply::Done);
+    let other_pod = kubelet.join("pods/p2/vol");
+    mount_tmpfs(&other_pod);
+    std::fs::create_dir(other_pod.join("dir")).unwrap();
+    std::fs::write(other_pod.join("file"), "p2's file").unwrap();
+    // B is mounted: ext4's lazy inode-table initialisation writes to it on
+    // its own, so only the blank A's bytes are compared.
+    let unchanged = Unchanged::record(&sandbox, &[&a]);
+    let leak = kubelet.join("plugins/ebs.csi.aws.com/leak");
+    let not_staged = |path: &Path| HelperError::NotStaged {
+        path: text(path),
+        volume_id: A.to_owned(),
+    };
+    expect_refused(
+        &helper,
+        publish_staged(A, &a.device, &secret, &leak),
+        &not_staged(&secret),
+    );
+    expect_refused(
+        &helper,
+        publish_staged(A, &a.device, &staging_b, &leak),
+        &not_staged(&staging_b),
+    );
+    let cases = [
+        (publish_device(A, &a.device, &other_pod.join("x")), other_pod.join("x")),
+        (stage(A, &a.device, &other_pod.join("dir")), other_pod.join("dir")),
+        (unpublish(&other_pod.join("file")), other_pod.join("file")),
+    ];
+    for (request, path) in cases {
+        expect_refused(&helper, request, &path_refused(&path, CROSSES_MOUNT));
+    }
+    unchanged.assert("binds of what is not the volume");
+    assert!(!leak.exists() && !other_pod.join("x").exists());
+    assert_eq!(std::fs::read_to_string(other_pod.join("file")).unwrap(), "p2's file");
+    let target = kubelet.join("pods/p1/volumes/kubernetes.io~csi/pv/mount");
+    assert_eq!(
+        helper.call(publish_staged(B, &b.device, &staging_b, &target)).unwrap(),
+        Reply::Done
+    );
+    assert!(is_mounted(&target));
+    assert_eq!(helper.call(unpublish(&target)).unwrap(), Reply::Done);
+    let unstage = Request::Unstage(UnstageRequest {
+        staging_path: text(&staging_b),
+    });
+    assert_eq!(helper.call(unstage).unwrap(), Reply::Done);
+    let foreign = Request::Unstage(UnstageRequest {
+        staging_path: text(&secret),
+    });
+    expect_refused(&helper, foreign, &path_refused(&secret, FOREIGN_MOUNT));
+    assert!(is_mounted(&secret), "another pod's secret was unmounted");
+}
+
+/// T8, T19: nodes that are not block devices, under names the helper
+/// accepts, are refused from their type alone, at once: a FIFO never
+/// blocks the helper, a tty never becomes its terminal.
+#[test]
+fn fifos_and_ttys_are_refused_without_being_opened() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let staging = sandbox.mkdir("kubelet/staging");
+    let mut nodes = DevNodes(Vec::new());
+    let (fifo, tty) = (nodes.path("nvme97n1"), nodes.path("nvme96n1"));
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    let ttys0 = rustix::fs::makedev(4, 64);
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &tty,
+        rustix::fs::FileType::CharacterDevice,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        ttys0,
+    )
+    .unwrap();
+    std::thread::scope(|scope| {
+        let staged = scope.spawn(|| helper.call(stage(A, &fifo, &staging)));
+        let missing = sandbox.path().join("kubelet/missing");
+        assert_eq!(
+            helper.call(unpublish(&missing)).unwrap(),
+            Reply::Done,
+            "a FIFO stalled the helper"
+        );
+        match staged.join().unwrap() {
+            Err(ClientError::Helper(e)) => assert_eq!(e, device_refused(&text(&fifo), A, Refusal::NotBlockDevice)),
+            other => panic!("{other:?}"),
+        }
+    });
+    expect_refused(
+        &helper,
+        stage(A, &tty, &staging),
+        &device_refused(&text(&tty), A, Refusal::NotBlockDevice),
+    );
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", helper.process.pid())).unwrap();
+    let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+    assert_eq!(
+        after_comm.split(' ').nth(4),
+        Some("0"),
+        "the helper acquired a controlling terminal"
+    );
+    assert!(!is_mounted(&staging));
+}
+
+/// T12, T13, T14: a raw block volume in use is never staged (formatted), a
+/// staged volume is never published raw, and a disk mounted at an allowed
+/// root itself is the host's.
+#[test]
+fn devices_in_use_are_neither_staged_nor_published_raw() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let host_disk = LoopVolume::create(sandbox.path(), "vol-0ddddddddddddddd4", 64);
+    run("mkfs.ext4", &["-q", &text(&host_disk.device)]);
+    let host_root = sandbox.mkdir("host-root");
+    run("mount", &[&text(&host_disk.device), &text(&host_root)]);
+    let helper = Helper::start(&sandbox, &["--allowed-root", &text(&host_root)]);
+    let raw = LoopVolume::create(sandbox.path(), A, 64);
+    let staged = LoopVolume::create(sandbox.path(), B, 64);
+    let kubelet = sandbox.kubelet();
+    let block_target = kubelet.join("pods/a/dev");
+    assert_eq!(
+        helper.call(publish_device(A, &raw.device, &block_target)).unwrap(),
+        Reply::Done
+    );
+    let pattern: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&block_target)
+        .unwrap()
+        .write_all(&pattern)
+        .unwrap();
+    let staging = sandbox.mkdir("kubelet/staging/b");
+    assert_eq!(helper.call(stage(B, &staged.device, &staging)).unwrap(), Reply::Done);
+    // The mounted disks change on their own (ext4 lazy init): their
+    // signatures are compared, the raw volume's bytes.
+    let unchanged = Unchanged::record(&sandbox, &[&raw]);
+    let signatures = (staged.signature(), host_disk.signature());
+    let raw_staging = sandbox.mkdir("kubelet/staging/a");
+    expect_refused(
+        &helper,
+        stage(A, &raw.device, &raw_staging),
+        &device_refused(&text(&raw.device), A, Refusal::PublishedRaw),
+    );
+    expect_refused(
+        &helper,
+        publish_device(B, &staged.device, &kubelet.join("pods/b/dev")),
+        &device_refused(&text(&staged.device), B, Refusal::FilesystemMounted),
+    );
+    expect_refused(
+        &helper,
+        publish_device("vol-0ddddddddddddddd4", &host_disk.device, &host_root.join("x")),
+        &device_refused(
+            &text(&host_disk.device),
+            "vol-0ddddddddddddddd4",
+            Refusal::MountedOutside,
+        ),
+    );
+    unchanged.assert("devices in use");
+    assert_eq!((staged.signature(), host_disk.signature()), signatures);
+    let mut written = vec![0u8; 1 << 20];
+    std::fs::File::open(&raw.device)
+        .unwrap()
+        .read_exact(&mut written)
+        .unwrap();
+    assert!(written == pattern, "the raw volume's data changed");
+    assert!(!kubelet.join("pods/b/dev").exists() && !host_root.join("x").exists());
+    assert_eq!(helper.call(unpublish(&block_target)).unwrap(), Reply::Done);
+}
+
+/// T10: the deadline is per frame: a peer trickling a byte at a time is
+/// cut off when its second is up, and sixteen of them cannot keep the
+/// helper from answering.
+#[test]
+fn trickling_peers_are_cut_off_at_the_frame_deadline() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &["--io-timeout-seconds", "1"]);
+    let trickle = |socket: PathBuf| {
+        run_as(AGENT_UID, move || {
+            let mut stream = UnixStream::connect(socket).unwrap();
+            let started = Instant::now();
+            let mut sent = 0;
+            for byte in [65_536u32.to_be_bytes().to_vec(), vec![0xa0; 60]].concat() {
+                if stream.write_all(&[byte]).is_err() || started.elapsed() > Duration::from_secs(20) {
+                    break;
+                }
+                sent += 1;
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            (started.elapsed(), sent)
+        })
+    };
+    let (held, sent) = trickle(helper.socket.clone());
+    assert!(
+        sent < 20,
+        "a trickling peer sent {sent} bytes over {held:?} with a 1 s deadline"
+    );
+    let peers: Vec<_> = (0..16)
+        .map(|_| {
+            let socket = helper.socket.clone();
+            std::thread::spawn(move || trickle(socket))
+        })
+        .collect();
+    // While all sixteen slots are taken a ping is told Busy; it is answered
+    // as soon as the first trickling peers are cut off.
+    wait_until("a ping answered among trickling peers", Duration::from_secs(5), || {
+        matches!(
+            helper.call(Request::Ping),
+            Ok(Reply::Pong {
+                version: PROTOCOL_VERSION
+            })
+        )
+    });
+    for peer in peers {
+        let (_, sent) = peer.join().unwrap();
+        assert!(sent < 20, "a trickling peer among sixteen sent {sent} bytes");
+    }
+}
+
+/// T15, T18: frames that are not exactly this protocol are refused whole,
+/// and no request string can forge a line of the helper's log.
+#[test]
+fn malformed_frames_and_control_characters_change_nothing() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let root = text(&sandbox.kubelet());
+    use ciborium::Value;
+    let map = |pairs: Vec<(&str, Value)>| Value::Map(pairs.into_iter().map(|(k, v)| (Value::from(k), v)).collect());
+    let unstage = |path: Value| map(vec![("Unstage", map(vec![("staging_path", path)]))]);
+    // 100,000 one-element arrays around a null, written out byte by byte
+    // (a `Value` that deep would overflow this test's own stack).
+    let nested_under_x = {
+        let request = map(vec![
+            ("version", PROTOCOL_VERSION.into()),
+            ("request", unstage(format!("{root}/a").into())),
+        ]);
+        let mut payload = cbor(&request);
+        payload[0] += 1; // the same map with one more entry: "x"
+        payload.extend(cbor(&Value::from("x")));
+        payload.extend(std::iter::repeat_n(0x81, 100_000));
+        payload.push(0xf6);
+        [u32::try_from(payload.len()).unwrap().to_be_bytes().to_vec(), payload].concat()
+    };
+    let frames: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "a float version",
+            frame(&map(vec![("version", Value::Float(2.0)), ("request", "Ping".into())])),
+        ),
+        (
+            "a negative version",
+            frame(&map(vec![("version", (-1).into()), ("request", "Ping".into())])),
+        ),
+        (
+            "a duplicate staging_path",
+            frame(&map(vec![
+                ("version", PROTOCOL_VERSION.into()),
+                (
+                    "request",
+                    Value::Map(vec![(
+                        "Unstage".into(),
+                        Value::Map(vec![
+                            ("staging_path".into(), format!("{root}/a").into()),
+                            ("staging_path".into(), format!("{root}/b").into()),
+                        ]),
+                    )]),
+                ),
+            ])),
+        ),
+        (
+            "a device with an offset",
+            frame(&map(vec![
+                ("version", PROTOCOL_VERSION.into()),
+                (
+                    "request",
+                    map(vec![(
+                        "Publish",
+                        map(vec![
+                            ("target_path", format!("{root}/t").into()),
+                            ("readonly", false.into()),
+                            (
+                                "source",
+                                map(vec![(
+                                    "Device",
+                                    map(vec![
+                                        ("volume_id", A.into()),
+                                        ("device", "/dev/loop0".into()),
+                                        ("offset", 0.into()),
+                                    ]),
+                                )]),
+                            ),
+                        ]),
+                    )]),
+                ),
+            ])),
+        ),
+        (
+            "a text header of 2^63 bytes",
+            [
+                16u32.to_be_bytes().to_vec(),
+                vec![0x7b, 0x80, 0, 0, 0, 0, 0, 0, 0],
+                vec![0x61; 7],
+            ]
+            .concat(),
+        ),
+        ("100,000 nested arrays under an unknown key", nested_under_x),
+    ];
+    for (what, bytes) in frames {
+        let socket = helper.socket.clone();
+        let response = run_as(AGENT_UID, move || {
+            let mut stream = UnixStream::connect(socket).unwrap();
+            let _ = stream.write_all(&bytes);
+            read_frame::<_, Response>(&mut stream)
+        });
+        assert!(
+            matches!(response, Ok(Response::Err(HelperError::InvalidRequest(_)))),
+            "{what}: {response:?}"
+        );
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", helper.process.pid())).unwrap();
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    assert!(rss_kib < 20 * 1024, "the helper's RSS grew to {rss_kib} KiB");
+    let forged = [
+        stage(A, Path::new("/dev/x\nFORGED mount ok"), &sandbox.mkdir("kubelet/s")),
+        unpublish(Path::new(&format!("{root}/a\nFORGED unmount ok"))),
+        Request::Expand(ExpandRequest {
+            volume_id: VolumeId::parse(A).unwrap(),
+            device: "/dev/loop0\rFORGED".into(),
+            volume_path: format!("{root}/\rFORGED"),
+        }),
+    ];
+    for request in forged {
+        let _ = helper.call(request);
+    }
+    assert_eq!(
+        helper.call(Request::Ping).unwrap(),
+        Reply::Pong {
+            version: PROTOCOL_VERSION
+        }
+    );
+    let log = helper.process.log();
+    assert!(log.contains("FORGED"), "the requests were not logged at all");
+    assert!(
+        !log.split(['\n', '\r']).any(|line| line.starts_with("FORGED")),
+        "a request forged a log line:\n{log}"
+    );
+    assert!(mounts_under(sandbox.path()).is_empty());
+    assert!(ebs_csi_mounts().iter().all(|m| !m.contains("FORGED")));
+}
+
+fn frame(value: &ciborium::Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    write_frame(&mut out, value).unwrap();
+    out
+}
+
+fn cbor(value: &ciborium::Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    ciborium::into_writer(value, &mut out).unwrap();
+    out
+}
