@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use ebs_csi_helper::nvme::{self, EBS_MODEL};
+use ebs_csi_linux::nvme::{self, EBS_MODEL};
 
 use crate::stats;
 

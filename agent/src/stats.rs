@@ -4,7 +4,7 @@
 use std::io;
 use std::path::Path;
 
-use ebs_csi_helper::mountinfo::{self, MountEntry};
+use ebs_csi_linux::mountinfo::{self, MountEntry};
 use ebs_csi_proto::v1::volume_usage::Unit;
 use ebs_csi_proto::v1::{NodeGetVolumeStatsResponse, VolumeCondition, VolumeUsage};
 use rustix::fs::FileType;

@@ -31,10 +31,10 @@ use ebs_csi_helper_proto::{HelperError, VolumeId};
 use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
 
 use crate::claim::DeviceNumber;
-use crate::mountinfo::MountEntry;
-use crate::nvme::{self, EBS_MODEL, EBS_VENDOR_ID};
 use crate::path::{AllowedRoots, fd_path};
 use crate::sys;
+use ebs_csi_linux::mountinfo::MountEntry;
+use ebs_csi_linux::nvme::{self, EBS_MODEL, EBS_VENDOR_ID};
 
 /// Which devices may stand for an EBS volume.
 #[derive(Clone, Debug)]
@@ -206,10 +206,7 @@ pub fn verify(
     mounts: &[MountEntry],
 ) -> Result<VerifiedDevice, HelperError> {
     let refuse = |reason| refused(device, volume_id, reason);
-    let name = device
-        .strip_prefix("/dev/")
-        .filter(|name| DeviceKind::of(name).is_some())
-        .ok_or_else(|| refuse(Refusal::NotKernelName))?;
+    let name = kernel_name_of(device).ok_or_else(|| refuse(Refusal::NotKernelName))?;
     let (file, number) = open_block_device(device).ok_or_else(|| refuse(Refusal::NotBlockDevice))?;
     let sysfs = sysfs_dir(number);
     if sysfs.join("partition").exists() {
@@ -232,6 +229,15 @@ pub fn verify(
         disk_sequence,
         policy: policy.clone(),
     })
+}
+
+/// Step 1: the kernel name in `device` when it is `/dev/<name>` with
+/// `name` an NVMe namespace (`nvme<N>n<M>`) or loop device (`loop<N>`)
+/// name; `None` for any other string.
+pub fn kernel_name_of(device: &str) -> Option<&str> {
+    device
+        .strip_prefix("/dev/")
+        .filter(|name| DeviceKind::of(name).is_some())
 }
 
 /// Refuses a device that is published as a raw block device: its node

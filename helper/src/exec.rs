@@ -6,8 +6,9 @@
 //! verified device, which the tool finds as fd 3 and names
 //! [`DEVICE_ARG`]: a tool never resolves a name the agent sent. Right
 //! before the exec the device is verified again
-//! ([`VerifiedDevice::reverify`]). Each tool runs in its own process group
-//! with a time limit; on expiry the whole group is killed.
+//! ([`VerifiedDevice::reverify`]). Each tool runs with only the capability
+//! it needs ([`Tool::capabilities`]: none for blkid and mkfs.ext*), in its own
+//! process group, with a time limit; on expiry the whole group is killed.
 //!
 //! Tools run from executor threads, started before the seccomp filter is
 //! installed on the serving threads, so the filter binds the helper and
@@ -22,6 +23,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::Duration;
 
+use caps::{CapSet, Capability};
 use ebs_csi_helper_proto::HelperError;
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::process::{Pid, PidfdFlags, Signal};
@@ -82,6 +84,20 @@ impl Tool {
         }
     }
 
+    /// The capabilities the tool runs with, as a mask of capability bits:
+    /// `xfs_growfs` needs `CAP_SYS_ADMIN` (XFS_IOC_FSGROWFSDATA), and so
+    /// does `mkfs.xfs`, which sets the device's block size (`BLKBSZSET`,
+    /// block/ioctl.c `blkdev_bszset`); online `resize2fs` needs
+    /// `CAP_SYS_RESOURCE` (`ext4_resize_begin`); `blkid` and `mkfs.ext*`
+    /// read and write a device the helper opened for them, and need none.
+    pub fn capabilities(self) -> u64 {
+        match self {
+            Self::Blkid | Self::MkfsExt2 | Self::MkfsExt3 | Self::MkfsExt4 => 0,
+            Self::Resize2fs => Capability::CAP_SYS_RESOURCE.bitmask(),
+            Self::MkfsXfs | Self::XfsGrowfs => Capability::CAP_SYS_ADMIN.bitmask(),
+        }
+    }
+
     /// The absolute path of the tool on this machine.
     ///
     /// # Errors
@@ -97,6 +113,7 @@ impl Tool {
 }
 
 struct Job {
+    tool: Tool,
     path: String,
     args: Vec<String>,
     device: VerifiedDevice,
@@ -154,6 +171,7 @@ impl Executor {
         let fd3 = rustix::io::fcntl_dupfd_cloexec(fd3, 0).map_err(|e| system("exec", e))?;
         let (reply, answer) = mpsc::channel();
         let job = Job {
+            tool,
             path,
             args: args.iter().map(|a| (*a).to_owned()).collect(),
             device: device.clone(),
@@ -206,7 +224,14 @@ fn execute(job: &Job, timeout: Duration) -> Result<Output, HelperError> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    sys::set_up_tool_fds(&mut command, job.fd3.as_raw_fd());
+    // A thread cannot give its child what it does not hold (some sandboxes
+    // withhold CAP_SYS_RESOURCE even from root): the tool gets what it
+    // needs of what this executor thread has.
+    let held = caps::read(None, CapSet::Permitted)
+        .map_err(|e| system("reading the executor's capabilities", e))?
+        .iter()
+        .fold(0, |mask, c| mask | c.bitmask());
+    sys::set_up_tool_child(&mut command, job.fd3.as_raw_fd(), job.tool.capabilities() & held);
     let starting = |e| system(format!("starting {}", job.path), e);
     let mut child = command.spawn().map_err(starting)?;
     let stdout = drain(child.stdout.take());

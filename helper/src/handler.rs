@@ -17,9 +17,9 @@ use crate::error::system;
 use crate::exec::{DEVICE_ARG, Executor, Tool, ToolTarget};
 use crate::format::{self, Contents};
 use crate::mount::{self, Node};
-use crate::mountinfo::{self, MountEntry};
 use crate::options::{self, MountOptions};
 use crate::path::{AllowedRoots, SYMLINK, SafePath, open_beneath};
+use ebs_csi_linux::mountinfo::{self, MountEntry};
 
 /// Serves requests with a fixed configuration.
 ///

@@ -12,9 +12,15 @@ use seccompiler::{BpfProgram, TargetArch};
 /// - `CAP_SYS_RESOURCE`: online ext4 growth by `resize2fs`
 ///   (`ext4_resize_begin` checks it).
 ///
-/// Tools inherit exactly these (root's exec keeps the bounding set, and
-/// `no_new_privs` caps it at the helper's permitted set).
+/// Only the executor threads keep both ([`keep_only_serving`] drops the
+/// second on the serving thread after they start); each tool child sets
+/// its own to what it needs ([`crate::exec::Tool::capabilities`]) before
+/// it execs, and `no_new_privs` keeps the exec from adding any.
 pub const KEPT: [Capability; 2] = [Capability::CAP_SYS_ADMIN, Capability::CAP_SYS_RESOURCE];
+
+/// What the serving thread and its connection threads keep: mount, umount
+/// and the NVMe admin ioctl need `CAP_SYS_ADMIN`, nothing there needs more.
+pub const SERVING: Capability = Capability::CAP_SYS_ADMIN;
 
 /// Why hardening failed; the helper refuses to start then.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +57,21 @@ pub fn reduce_capabilities() -> Result<(), HardenError> {
     Ok(())
 }
 
+/// Keeps only [`SERVING`] in the calling thread's effective and permitted
+/// sets. Capabilities are per thread: call it after the executor threads
+/// have started (they keep [`KEPT`] for the tools) and before the serving
+/// thread starts any other.
+///
+/// # Errors
+/// [`HardenError::Capabilities`].
+pub fn keep_only_serving() -> Result<(), HardenError> {
+    let permitted = caps::read(None, CapSet::Permitted)?;
+    let kept: CapsHashSet = [SERVING].into_iter().filter(|c| permitted.contains(c)).collect();
+    caps::set(None, CapSet::Effective, &kept)?;
+    caps::set(None, CapSet::Permitted, &kept)?;
+    Ok(())
+}
+
 /// Sets `PR_SET_NO_NEW_PRIVS`: no exec can gain privileges again.
 ///
 /// # Errors
@@ -62,14 +83,40 @@ pub fn forbid_new_privileges() -> Result<(), HardenError> {
 /// The seccomp policy, kept as data with a reason per system call.
 const POLICY: &str = include_str!("../seccomp.json");
 
+/// Calls of the policy that only x86_64's older system call table has;
+/// aarch64 and riscv64 never had them (their libc uses `ppoll` and
+/// `readlinkat`, which the policy also lists), so the policy leaves them
+/// out there.
+pub const X86_64_ONLY: [&str; 2] = ["poll", "readlink"];
+
 /// Compiles the serving threads' allowlist for this architecture.
 ///
 /// # Errors
 /// [`HardenError::Seccomp`] when the policy does not compile.
 pub fn seccomp_program() -> Result<BpfProgram, HardenError> {
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| HardenError::Seccomp(format!("{e:?}")))?;
+    seccomp_program_for(arch)
+}
+
+/// Compiles the serving threads' allowlist for `arch` (seccompiler
+/// resolves names with that architecture's table, so any architecture
+/// compiles on any build host).
+///
+/// # Errors
+/// [`HardenError::Seccomp`] when the policy does not compile.
+pub fn seccomp_program_for(arch: TargetArch) -> Result<BpfProgram, HardenError> {
+    let invalid = |e: &dyn std::fmt::Display| HardenError::Seccomp(e.to_string());
+    let mut policy: serde_json::Value = serde_json::from_str(POLICY).map_err(|e| invalid(&e))?;
+    if arch != TargetArch::x86_64 {
+        let calls = policy
+            .pointer_mut("/serving/filter")
+            .and_then(serde_json::Value::as_array_mut)
+            .ok_or_else(|| HardenError::Seccomp("the policy has no \"serving\" filter".into()))?;
+        calls.retain(|rule| !X86_64_ONLY.iter().any(|name| rule["syscall"] == *name));
+    }
+    let json = serde_json::to_vec(&policy).map_err(|e| invalid(&e))?;
     let mut filters: HashMap<String, BpfProgram> =
-        seccompiler::compile_from_json(POLICY.as_bytes(), arch).map_err(|e| HardenError::Seccomp(e.to_string()))?;
+        seccompiler::compile_from_json(json.as_slice(), arch).map_err(|e| invalid(&e))?;
     filters
         .remove("serving")
         .ok_or_else(|| HardenError::Seccomp("the policy has no \"serving\" filter".into()))
@@ -98,14 +145,39 @@ mod tests {
             // Not listed: an IPv4 socket, a ptrace, a reboot-class call.
             let socket = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.raw_os_error());
             let chroot = rustix::process::chroot("/").map_err(|e| Some(e.raw_os_error()));
-            (listed, socket.err(), chroot.err())
+            // Listed with arguments: BLKGETDISKSEQ reaches the kernel (which
+            // answers ENOTTY for /dev/null), another ioctl does not, nor a
+            // lazy unmount.
+            let null = std::fs::File::open("/dev/null").unwrap();
+            let listed_ioctl = crate::sys::disk_sequence(std::os::fd::AsFd::as_fd(&null));
+            let sector_size = rustix::fs::ioctl_blksszget(&null).map_err(|e| e.raw_os_error());
+            let lazy = rustix::mount::unmount("/nonexistent", rustix::mount::UnmountFlags::DETACH)
+                .map_err(|e| e.raw_os_error());
+            (
+                listed,
+                socket.err(),
+                chroot.err(),
+                listed_ioctl.ok(),
+                sector_size.err(),
+                lazy.err(),
+            )
         })
         .join()
         .unwrap();
         assert_eq!(
             outcome,
-            (true, Some(Some(1)), Some(Some(1))),
-            "(listed works, EPERM, EPERM)"
+            (true, Some(Some(1)), Some(Some(1)), Some(None), Some(1), Some(1)),
+            "(listed works, EPERM, EPERM, ENOTTY as no sequence, EPERM, EPERM)"
         );
+    }
+
+    /// T16 of the helper audit: the helper must start on Graviton (aarch64)
+    /// and riscv64 too, whatever machine builds it.
+    #[test]
+    fn the_policy_compiles_for_every_architecture_seccompiler_knows() {
+        for arch in [TargetArch::x86_64, TargetArch::aarch64, TargetArch::riscv64] {
+            let program = seccomp_program_for(arch).unwrap_or_else(|e| panic!("{arch:?}: {e}"));
+            assert!(program.len() > 50, "{arch:?}: {} instructions", program.len());
+        }
     }
 }

@@ -5,8 +5,8 @@
 //! paths it has resolved itself beneath its allowed roots, for peers whose
 //! uid it has checked. `docs/helper.md` lists every step in code order.
 //!
-//! The library part also gives the agent the pieces it shares with the
-//! helper without privilege: NVMe Identify parsing and mountinfo parsing.
+//! NVMe Identify and mountinfo parsing come from `ebs-csi-linux`, which the
+//! unprivileged agent uses too; nothing here is linked into the agent.
 
 pub mod claim;
 pub mod device;
@@ -16,8 +16,6 @@ pub mod format;
 pub mod handler;
 pub mod harden;
 pub mod mount;
-pub mod mountinfo;
-pub mod nvme;
 pub mod options;
 pub mod path;
 pub mod server;

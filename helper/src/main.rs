@@ -12,9 +12,9 @@ use ebs_csi_helper::device::IdentityPolicy;
 use ebs_csi_helper::exec::Executor;
 use ebs_csi_helper::handler::Handler;
 use ebs_csi_helper::harden;
-use ebs_csi_helper::nvme::{EBS_MODEL, EBS_VENDOR_ID};
 use ebs_csi_helper::path::AllowedRoots;
 use ebs_csi_helper::server::{self, ServerConfig};
+use ebs_csi_linux::nvme::{EBS_MODEL, EBS_VENDOR_ID};
 
 /// Formats, mounts, unmounts and grows filesystems on EBS volumes for the
 /// unprivileged ebs-csi-agent, after verifying every request.
@@ -92,12 +92,14 @@ fn main() -> anyhow::Result<()> {
     // 6. Keep only CAP_SYS_ADMIN and CAP_SYS_RESOURCE; no new privileges.
     harden::reduce_capabilities().context("reducing capabilities")?;
     harden::forbid_new_privileges().context("setting no_new_privs")?;
-    // 7. The executor threads (tools run from them, outside the filter),
-    //    then the seccomp allowlist on the serving thread and its children.
+    // 7. The executor threads (tools run from them, outside the filter, and
+    //    keep both capabilities for them), then only CAP_SYS_ADMIN and the
+    //    seccomp allowlist on the serving thread and its children.
     let tool_timeout = Duration::from_secs(args.tool_timeout_seconds);
     let tools = Executor::start("tools", 1, tool_timeout).context("starting the executor threads")?;
     let formatter = Executor::start("formatter", args.max_parallel_formats.into(), tool_timeout)
         .context("starting the executor threads")?;
+    harden::keep_only_serving().context("reducing the serving thread's capabilities")?;
     harden::install_seccomp().context("installing the seccomp filter")?;
     let policy = IdentityPolicy {
         nvme_vendor_id: args.nvme_vendor_id,

@@ -1,7 +1,8 @@
-//! Every `unsafe` block of the project: the NVMe admin ioctl and
-//! `BLKGETDISKSEQ`, taking ownership of a socket inherited from systemd,
-//! closing inherited descriptors and clearing the environment at start,
-//! and setting up a tool's descriptors in the child before it execs.
+//! Every `unsafe` block of the helper: `BLKGETDISKSEQ`, taking ownership of
+//! a socket inherited from systemd, closing inherited descriptors and
+//! clearing the environment at start, and setting up a tool's descriptors
+//! and capabilities in the child before it execs. (The NVMe admin ioctl is
+//! in `ebs-csi-linux`, which the agent shares.)
 #![allow(unsafe_code)]
 
 use std::io;
@@ -11,55 +12,8 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 use rustix::fs::FileType;
-use rustix::ioctl::{Getter, Opcode, Updater, ioctl, opcode};
+use rustix::ioctl::{Getter, Opcode, ioctl, opcode};
 use rustix::net::AddressFamily;
-
-/// `struct nvme_admin_cmd` (alias `nvme_passthru_cmd`) from the kernel's
-/// `include/uapi/linux/nvme_ioctl.h`: 72 bytes, natural alignment.
-#[repr(C)]
-#[derive(Debug, Default)]
-pub(crate) struct NvmeAdminCmd {
-    pub opcode: u8,
-    pub flags: u8,
-    pub rsvd1: u16,
-    pub nsid: u32,
-    pub cdw2: u32,
-    pub cdw3: u32,
-    pub metadata: u64,
-    pub addr: u64,
-    pub metadata_len: u32,
-    pub data_len: u32,
-    pub cdw10: u32,
-    pub cdw11: u32,
-    pub cdw12: u32,
-    pub cdw13: u32,
-    pub cdw14: u32,
-    pub cdw15: u32,
-    pub timeout_ms: u32,
-    pub result: u32,
-}
-
-/// `NVME_IOCTL_ADMIN_CMD = _IOWR('N', 0x41, struct nvme_admin_cmd)`, which
-/// is 0xC0484E41 on Linux (nvme_ioctl.h).
-pub(crate) const NVME_IOCTL_ADMIN_CMD: Opcode = opcode::read_write::<NvmeAdminCmd>(b'N', 0x41);
-
-/// Sends `cmd` (whose `addr`/`data_len` must describe `buffer`) to the
-/// controller behind `fd`: a `/dev/nvmeN` controller or a `/dev/nvmeNnM`
-/// namespace.
-pub(crate) fn nvme_admin_command(fd: BorrowedFd<'_>, cmd: &mut NvmeAdminCmd, buffer: &mut [u8]) -> io::Result<()> {
-    cmd.addr = buffer.as_mut_ptr() as u64;
-    cmd.data_len =
-        u32::try_from(buffer.len()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "buffer too large"))?;
-    // SAFETY: NVME_IOCTL_ADMIN_CMD takes a `struct nvme_admin_cmd`, which
-    // NvmeAdminCmd mirrors field for field (size asserted in a test). The
-    // kernel writes at most `data_len` bytes to `addr`, which points at
-    // `buffer`, exclusively borrowed and alive for the whole call.
-    unsafe {
-        let updater = Updater::<NVME_IOCTL_ADMIN_CMD, NvmeAdminCmd>::new(cmd);
-        ioctl(fd, updater)?;
-    }
-    Ok(())
-}
 
 /// `BLKGETDISKSEQ = _IOR(0x12, 128, __u64)` (include/uapi/linux/fs.h,
 /// Linux ≥ 5.15): the disk sequence number, unique to each disk the kernel
@@ -159,14 +113,64 @@ pub fn clear_environment() {
 /// The descriptor number a tool finds the verified device at.
 pub(crate) const TOOL_DEVICE_FD: RawFd = 3;
 
-/// Makes `command`'s child close every descriptor beyond stdio before it
-/// execs, whatever the parent has open, except `fd`, which the child finds
-/// as [`TOOL_DEVICE_FD`] (without close-on-exec).
-pub(crate) fn set_up_tool_fds(command: &mut Command, fd: RawFd) {
+/// `struct __user_cap_header_struct` (include/uapi/linux/capability.h).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+/// `struct __user_cap_data_struct`; version 3 takes two, for capabilities
+/// 0–31 and 32–63.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3` (include/uapi/linux/capability.h).
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// Sets the calling thread's effective and permitted capabilities to the
+/// bits of `mask` (bit n = capability n), inheritable to none, with one raw
+/// `capset(2)`: async-signal-safe, for a child between fork and exec.
+fn capset(mask: u64) -> io::Result<()> {
+    let header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let half = |bits: u64| {
+        let low = u32::try_from(bits & u64::from(u32::MAX)).unwrap_or(u32::MAX);
+        CapData {
+            effective: low,
+            permitted: low,
+            inheritable: 0,
+        }
+    };
+    let data = [half(mask), half(mask >> 32)];
+    // SAFETY: capset reads one header and, for version 3, two data structs,
+    // both alive for the call; it writes nothing back.
+    let result = unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Sets up `command`'s child before it execs: `fd` becomes its
+/// [`TOOL_DEVICE_FD`] (without close-on-exec), every other descriptor
+/// beyond stdio is closed, and its capabilities become `capabilities` (a
+/// mask of capability bits; with `no_new_privs` the exec cannot add any,
+/// so a tool runs with exactly these).
+pub(crate) fn set_up_tool_child(command: &mut Command, fd: RawFd, capabilities: u64) {
     // SAFETY: the closure runs in the child between fork and exec, where
     // only async-signal-safe calls are allowed; it makes raw syscalls
-    // (fcntl, dup2, close_range) on integers and allocates nothing. The
-    // parent keeps `fd` open until the child has exited.
+    // (fcntl, dup2, capset, close_range) on integers and stack values and
+    // allocates nothing. The parent keeps `fd` open until the child has
+    // exited.
     unsafe {
         command.pre_exec(move || {
             let moved = if fd == TOOL_DEVICE_FD {
@@ -177,6 +181,7 @@ pub(crate) fn set_up_tool_fds(command: &mut Command, fd: RawFd) {
             if moved < 0 {
                 return Err(io::Error::last_os_error());
             }
+            capset(capabilities)?;
             close_from(4)
         });
     }
@@ -187,15 +192,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn admin_command_matches_the_kernel_layout() {
-        assert_eq!(std::mem::size_of::<NvmeAdminCmd>(), 72);
-        assert_eq!(std::mem::offset_of!(NvmeAdminCmd, metadata), 16);
-        assert_eq!(std::mem::offset_of!(NvmeAdminCmd, addr), 24);
-        assert_eq!(std::mem::offset_of!(NvmeAdminCmd, data_len), 36);
-        assert_eq!(std::mem::offset_of!(NvmeAdminCmd, cdw10), 40);
-        assert_eq!(std::mem::offset_of!(NvmeAdminCmd, timeout_ms), 64);
-        assert_eq!(std::mem::offset_of!(NvmeAdminCmd, result), 68);
-        assert_eq!(NVME_IOCTL_ADMIN_CMD as u64, 0xC048_4E41);
+    fn disk_sequence_request_matches_the_kernel_header() {
         assert_eq!(BLKGETDISKSEQ as u64, 0x8008_1280);
     }
 }

@@ -20,7 +20,7 @@ use ebs_csi_helper_proto::{
     ClientError, ExpandRequest, FsType, HelperError, PROTOCOL_VERSION, PublishRequest, PublishSource, Reply, Request,
     Response, UnpublishRequest, UnstageRequest, VolumeId, read_frame, write_frame,
 };
-use ebs_csi_tests::children::children_named;
+use ebs_csi_tests::children::first_child_named;
 use ebs_csi_tests::loopdev::run;
 use ebs_csi_tests::{
     AGENT_UID, Helper, LoopVolume, Sandbox, ebs_csi_mounts, is_mounted, mounts_under, require_root, run_as,
@@ -265,14 +265,8 @@ fn a_device_renamed_while_its_format_waits_is_never_formatted() {
     );
     std::thread::scope(|scope| {
         let first = scope.spawn(|| helper.call(stage_blocker));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mkfs = loop {
-            if let Some(&pid) = children_named(helper.process.pid(), "mkfs").first() {
-                break Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
-            }
-            assert!(Instant::now() < deadline, "mkfs never started");
-            std::thread::yield_now();
-        };
+        let mkfs = first_child_named(helper.process.pid(), "mkfs", Duration::from_secs(20));
+        let mkfs = Pid::from_raw(i32::try_from(mkfs).unwrap()).unwrap();
         kill_process(mkfs, Signal::STOP).unwrap();
         let queued = scope.spawn(|| helper.call(stage_a));
         // The queued Stage has passed its checks once it waits for the

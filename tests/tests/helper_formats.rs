@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use ebs_csi_helper_proto::{ClientError, FsType, HelperError, PublishRequest, PublishSource, Reply, Request, VolumeId};
-use ebs_csi_tests::children::children_named;
+use ebs_csi_tests::children::{children_named, first_child_named};
 use ebs_csi_tests::{Helper, LoopVolume, Sandbox, is_mounted, require_root, stage_request};
 use rustix::process::{Pid, Signal, kill_process};
 
@@ -98,16 +98,15 @@ fn a_device_being_formatted_is_refused_until_its_format_ends() {
         let first = scope.spawn(|| helper.call(request.clone()));
         // Freeze the format as soon as it starts: while it is stopped the
         // device stays claimed, whatever the machine's speed.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mkfs = loop {
-            if let Some(&pid) = children_named(helper.process.pid(), "mkfs").first() {
-                break pid;
-            }
-            assert!(Instant::now() < deadline, "mkfs never started");
-            std::thread::yield_now();
-        };
+        let mkfs = first_child_named(helper.process.pid(), "mkfs", Duration::from_secs(20));
+        let status_file = format!("/proc/{mkfs}/status");
         let mkfs = Pid::from_raw(i32::try_from(mkfs).unwrap()).unwrap();
         kill_process(mkfs, Signal::STOP).unwrap();
+        let status = std::fs::read_to_string(status_file).unwrap();
+        for set in ["CapEff:", "CapPrm:", "CapInh:", "CapAmb:"] {
+            let bits = status.lines().find_map(|l| l.strip_prefix(set)).unwrap().trim();
+            assert_eq!(u64::from_str_radix(bits, 16).unwrap(), 0, "mkfs runs with {set} {bits}");
+        }
         let in_progress = |result: &Result<Reply, ClientError>| {
             matches!(result, Err(ClientError::Helper(HelperError::InProgress { .. })))
         };

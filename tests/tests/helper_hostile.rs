@@ -12,9 +12,11 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use ebs_csi_helper::device::Refusal;
+use ebs_csi_helper::path::SYMLINK;
 use ebs_csi_helper_proto::{
-    ExpandRequest, FsType, HelperClient, MAX_FRAME_BYTES, PROTOCOL_VERSION, PublishRequest, PublishSource, Reply,
-    Request, RequestFrame, Response, UnpublishRequest, UnstageRequest, VolumeId, read_frame, write_frame,
+    ExpandRequest, FsType, HelperClient, HelperError, MAX_FRAME_BYTES, PROTOCOL_VERSION, PublishRequest, PublishSource,
+    Reply, Request, RequestFrame, Response, UnpublishRequest, UnstageRequest, VolumeId, read_frame, write_frame,
 };
 use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, ebs_csi_mounts, require_root, run_as, stage_request};
 
@@ -85,95 +87,105 @@ fn two_hundred_hostile_requests_change_nothing() {
     let (mounts_before, host_before) = (ebs_csi_tests::mounts_under(sandbox.path()), host_mounts());
 
     let long = format!("{root}/{}", "a".repeat(5000));
-    let hostile_paths: Vec<String> = vec![
-        "/".into(),
-        "/etc".into(),
-        "/etc/passwd".into(),
-        "/proc".into(),
-        "/proc/self/fd/3".into(),
-        "/proc/1/root".into(),
-        "/sys".into(),
-        "/dev".into(),
-        "/dev/shm".into(),
-        "/root".into(),
-        "/tmp".into(),
-        "/var/lib".into(),
-        "/boot".into(),
-        "/var/lib/kubelet/../../etc".into(),
-        format!("{root}/../.."),
-        format!("{root}/staging/../../outside"),
-        format!("{root}/./staging"),
-        format!("{root}//staging"),
-        format!("{root}/staging/"),
-        "relative/path".into(),
-        String::new(),
-        root.clone(),
-        format!("{root}x/staging"),
-        format!("{root}/link-to-etc"),
-        format!("{root}/link-to-etc/passwd"),
-        format!("{root}/link-out/secret"),
-        format!("{root}/link-out/new"),
-        format!("{root}/nul\0byte"),
-        long,
-        outside.to_string_lossy().into_owned(),
+    let (dots, outside_roots) = ("has an empty, '.' or '..' component", "not beneath an allowed root");
+    let hostile_paths: Vec<(String, &str)> = vec![
+        ("/".into(), dots),
+        ("/etc".into(), outside_roots),
+        ("/etc/passwd".into(), outside_roots),
+        ("/proc".into(), outside_roots),
+        ("/proc/self/fd/3".into(), outside_roots),
+        ("/proc/1/root".into(), outside_roots),
+        ("/sys".into(), outside_roots),
+        ("/dev".into(), outside_roots),
+        ("/dev/shm".into(), outside_roots),
+        ("/root".into(), outside_roots),
+        ("/tmp".into(), outside_roots),
+        ("/var/lib".into(), outside_roots),
+        ("/boot".into(), outside_roots),
+        ("/var/lib/kubelet/../../etc".into(), dots),
+        (format!("{root}/../.."), dots),
+        (format!("{root}/staging/../../outside"), dots),
+        (format!("{root}/./staging"), dots),
+        (format!("{root}//staging"), dots),
+        (format!("{root}/staging/"), dots),
+        ("relative/path".into(), "not absolute"),
+        (String::new(), "not absolute"),
+        (root.clone(), outside_roots),
+        (format!("{root}x/staging"), outside_roots),
+        (format!("{root}/link-to-etc"), SYMLINK),
+        (format!("{root}/link-to-etc/passwd"), SYMLINK),
+        (format!("{root}/link-out/secret"), SYMLINK),
+        (format!("{root}/link-out/new"), SYMLINK),
+        (format!("{root}/nul\0byte"), "too long or contains NUL"),
+        (long, "too long or contains NUL"),
+        (outside.to_string_lossy().into_owned(), outside_roots),
+        (format!("{root}/pki/x"), "kubelet's own directory"),
     ];
-    let mut requests: Vec<(String, Request)> = Vec::new();
-    for path in &hostile_paths {
-        requests.push((format!("stage at {path:?}"), stage(&device, path, &[])));
-        requests.push((
-            format!("unstage {path:?}"),
-            Request::Unstage(UnstageRequest {
-                staging_path: path.clone(),
-            }),
-        ));
-        requests.push((
-            format!("unpublish {path:?}"),
-            Request::Unpublish(UnpublishRequest {
-                target_path: path.clone(),
-            }),
-        ));
+    let mut requests: Vec<(String, Request, HelperError)> = Vec::new();
+    for (path, reason) in &hostile_paths {
+        let refused = HelperError::PathRefused {
+            path: path.clone(),
+            reason: (*reason).to_owned(),
+        };
+        let mut push = |what: String, request| requests.push((what, request, refused.clone()));
+        push(format!("stage at {path:?}"), stage(&device, path, &[]));
+        let unstage = UnstageRequest {
+            staging_path: path.clone(),
+        };
+        push(format!("unstage {path:?}"), Request::Unstage(unstage));
+        let unpublish = UnpublishRequest {
+            target_path: path.clone(),
+        };
+        push(format!("unpublish {path:?}"), Request::Unpublish(unpublish));
         let device_source = PublishSource::Device {
             volume_id: volume_id(),
             device: device.clone(),
         };
-        requests.push((format!("publish block onto {path:?}"), publish(path, device_source)));
+        push(format!("publish block onto {path:?}"), publish(path, device_source));
         let bind_source = PublishSource::Staging {
             volume_id: volume_id(),
             device: device.clone(),
             staging_path: path.clone(),
             mount_flags: vec![],
         };
-        requests.push((
+        push(
             format!("bind {path:?} into the root"),
             publish(&format!("{root}/target"), bind_source),
-        ));
+        );
     }
+    let other_device = other.device.to_string_lossy().into_owned();
     let hostile_devices = [
-        "/dev/vda",
-        "/dev/vda1",
-        "/dev/null",
-        "/dev/zero",
-        "/dev/random",
-        "/dev/mem",
-        "/dev/kmsg",
-        "/dev/tty",
-        "/dev/../etc/passwd",
-        "/etc/passwd",
-        "/proc/self/fd/0",
-        "",
-        "relative",
-        "/dev/loop-control",
-        &other.device.to_string_lossy(),
-        "/dev/disk/by-id/../../vda",
-        "/dev/nvme0n1",
-        "/dev/nvme0",
-        "/dev/sda",
-        "/dev/dm-0",
+        ("/dev/vda", Refusal::NotKernelName),
+        ("/dev/vda1", Refusal::NotKernelName),
+        ("/dev/null", Refusal::NotKernelName),
+        ("/dev/zero", Refusal::NotKernelName),
+        ("/dev/random", Refusal::NotKernelName),
+        ("/dev/mem", Refusal::NotKernelName),
+        ("/dev/kmsg", Refusal::NotKernelName),
+        ("/dev/tty", Refusal::NotKernelName),
+        ("/dev/../etc/passwd", Refusal::NotKernelName),
+        ("/etc/passwd", Refusal::NotKernelName),
+        ("/proc/self/fd/0", Refusal::NotKernelName),
+        ("", Refusal::NotKernelName),
+        ("relative", Refusal::NotKernelName),
+        ("/dev/loop-control", Refusal::NotKernelName),
+        (&other_device, Refusal::LoopNotNamed),
+        ("/dev/disk/by-id/../../vda", Refusal::NotKernelName),
+        ("/dev/nvme0n1", Refusal::NotBlockDevice),
+        ("/dev/nvme0", Refusal::NotKernelName),
+        ("/dev/sda", Refusal::NotKernelName),
+        ("/dev/dm-0", Refusal::NotKernelName),
     ];
-    for bad in hostile_devices {
+    for (bad, reason) in hostile_devices {
+        let refused = HelperError::DeviceRefused {
+            device: bad.to_owned(),
+            volume_id: VOLUME.to_owned(),
+            reason: reason.to_string(),
+        };
         requests.push((
             format!("stage device {bad:?}"),
             stage(bad, &format!("{root}/staging"), &[]),
+            refused.clone(),
         ));
         let source = PublishSource::Device {
             volume_id: volume_id(),
@@ -182,50 +194,57 @@ fn two_hundred_hostile_requests_change_nothing() {
         requests.push((
             format!("publish device {bad:?}"),
             publish(&format!("{root}/block"), source),
+            refused.clone(),
         ));
         let expand = ExpandRequest {
             volume_id: volume_id(),
             device: bad.to_owned(),
             volume_path: format!("{root}/staging"),
         };
-        requests.push((format!("expand device {bad:?}"), Request::Expand(expand)));
+        requests.push((format!("expand device {bad:?}"), Request::Expand(expand), refused));
     }
+    // Each flag, and the option in it that is refused first.
     let hostile_flags = [
-        "suid",
-        "dev",
-        "exec",
-        "bind",
-        "rbind",
-        "remount",
-        "move",
-        "shared",
-        "rshared",
-        "context=system_u:object_r:etc_t:s0",
-        "uid=0",
-        "gid=0",
-        "mode=4777",
-        "nosuid,suid",
-        "noatime,dev",
-        "x-systemd.automount",
-        "loop",
-        "defaults,user",
-        "owner",
-        "rw,suid",
-        "data=journal",
-        "journal_path=/etc/passwd",
-        "errors=panic",
-        "\0",
-        "noatime\0suid",
-        "a=b",
-        "commit=0",
-        "nouuid,suid",
-        "quota",
-        "usrquota",
+        ("suid", "suid"),
+        ("dev", "dev"),
+        ("exec", "exec"),
+        ("bind", "bind"),
+        ("rbind", "rbind"),
+        ("remount", "remount"),
+        ("move", "move"),
+        ("shared", "shared"),
+        ("rshared", "rshared"),
+        (
+            "context=system_u:object_r:etc_t:s0",
+            "context=system_u:object_r:etc_t:s0",
+        ),
+        ("uid=0", "uid=0"),
+        ("gid=0", "gid=0"),
+        ("mode=4777", "mode=4777"),
+        ("nosuid,suid", "suid"),
+        ("noatime,dev", "dev"),
+        ("x-systemd.automount", "x-systemd.automount"),
+        ("loop", "loop"),
+        ("defaults,user", "user"),
+        ("owner", "owner"),
+        ("rw,suid", "suid"),
+        ("data=journal", "data=journal"),
+        ("journal_path=/etc/passwd", "journal_path=/etc/passwd"),
+        ("errors=panic", "errors=panic"),
+        ("\0", "\0"),
+        ("noatime\0suid", "noatime\0suid"),
+        ("a=b", "a=b"),
+        ("commit=0", "commit=0"),
+        ("nouuid,suid", "nouuid"),
+        ("quota", "quota"),
+        ("usrquota", "usrquota"),
     ];
-    for flag in hostile_flags {
+    for (flag, first_refused) in hostile_flags {
+        let refused = HelperError::MountOptionRefused(first_refused.to_owned());
         requests.push((
             format!("stage with {flag:?}"),
             stage(&device, &format!("{root}/staging"), &[flag]),
+            refused.clone(),
         ));
         let source = PublishSource::Staging {
             volume_id: volume_id(),
@@ -236,15 +255,15 @@ fn two_hundred_hostile_requests_change_nothing() {
         requests.push((
             format!("publish with {flag:?}"),
             publish(&format!("{root}/target"), source),
+            refused,
         ));
     }
     assert!(requests.len() >= 200, "{} requests", requests.len());
-    for (what, request) in &requests {
-        let result = helper.call(request.clone());
-        assert!(
-            matches!(result, Err(ebs_csi_helper_proto::ClientError::Helper(_))),
-            "{what}: not refused: {result:?}"
-        );
+    for (what, request, expected) in &requests {
+        match helper.call(request.clone()) {
+            Err(ebs_csi_helper_proto::ClientError::Helper(e)) => assert_eq!(&e, expected, "{what}"),
+            other => panic!("{what}: not refused: {other:?}"),
+        }
     }
 
     // Frames: sizes, truncation, garbage, unknown kinds, versions, types.
@@ -355,18 +374,21 @@ fn two_hundred_hostile_requests_change_nothing() {
     ] {
         frames.push((name.to_owned(), cbor_frame(&value)));
     }
+    // Another version is UnsupportedVersion naming it; everything else that
+    // is not exactly a frame of this version is InvalidRequest.
     for (what, bytes) in frames {
-        match raw_exchange(&helper.socket, bytes, AGENT_UID) {
-            Some(Response::Ok(reply))
-                if reply
-                    != Reply::Pong {
-                        version: PROTOCOL_VERSION,
-                    } =>
-            {
-                panic!("{what}: accepted: {reply:?}")
+        let other_version = match what.as_str() {
+            "version 0" => Some(0),
+            "the next version" => Some(PROTOCOL_VERSION + 1),
+            "version 65535" => Some(u16::MAX),
+            _ => None,
+        };
+        match (raw_exchange(&helper.socket, bytes, AGENT_UID), other_version) {
+            (Some(Response::Err(HelperError::UnsupportedVersion(v))), Some(expected)) => {
+                assert_eq!(v, expected, "{what}");
             }
-            Some(Response::Ok(_)) => panic!("{what}: a malformed frame was answered like a ping"),
-            _ => {}
+            (Some(Response::Err(HelperError::InvalidRequest(_))), None) => {}
+            (other, _) => panic!("{what}: {other:?}"),
         }
     }
 

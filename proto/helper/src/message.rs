@@ -296,4 +296,22 @@ mod tests {
             );
         }
     }
+
+    /// The fuzzer's seeds (`fuzz/seeds/request`) are well-formed frames of
+    /// this version, one per request kind, so fuzzing starts from requests
+    /// the helper accepts.
+    #[test]
+    fn the_fuzz_seeds_are_requests_of_this_version() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/request");
+        let mut kinds = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+            let frame: RequestFrame = crate::read_frame(&mut bytes.as_slice()).unwrap();
+            assert_eq!(frame.version, PROTOCOL_VERSION);
+            kinds.push(std::mem::discriminant(&frame.request));
+        }
+        kinds.sort_by_key(|k| format!("{k:?}"));
+        kinds.dedup();
+        assert_eq!(kinds.len(), 6, "a seed for each request kind");
+    }
 }

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ebs_csi_helper::nvme::identify_controller;
 use ebs_csi_helper_proto::{ClientError, FsType, HelperClient, HelperError};
+use ebs_csi_linux::nvme::identify_controller;
 use ebs_csi_proto::v1::node_client::NodeClient;
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume};
