@@ -42,7 +42,7 @@ TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
-.PHONY: all build test demo bench bench-smoke deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean \
+.PHONY: all build test demo bench bench-smoke crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean \
 	install static image image-deps validate-deploy vm vm-deps
 
 all: build
@@ -110,6 +110,12 @@ FUZZ := cd fuzz && CARGO_TARGET_DIR=$(abspath $(TARGET_DIR))/fuzz RUSTC_BOOTSTRA
 
 fuzz-tools:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install --quiet --locked cargo-fuzz
+
+## crash: the helper killed at each step of Stage and Expand, 100 runs a step
+## (make test runs 20; tests/tests/helper_crash.rs).
+crash: deps
+	$(CARGO) build --workspace --bins
+	EBS_CSI_CRASH_RUNS=100 $(CARGO) test -p ebs-csi-tests --test helper_crash -- --nocapture
 
 ## fuzz: fuzz the helper's frame decoder and request validation for 10 minutes.
 fuzz: fuzz-tools

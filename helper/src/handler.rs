@@ -17,9 +17,10 @@ use crate::error::system;
 use crate::exec::{DEVICE_ARG, Executor, Tool, ToolTarget};
 use crate::format::{self, Contents};
 use crate::mount::{self, Node};
+use crate::mounts::MountTables;
 use crate::options::{self, MountOptions};
 use crate::path::{AllowedRoots, SYMLINK, SafePath, open_beneath};
-use ebs_csi_linux::mountinfo::{self, MountEntry};
+use ebs_csi_linux::mountinfo::MountEntry;
 
 /// Serves requests with a fixed configuration.
 ///
@@ -29,6 +30,7 @@ use ebs_csi_linux::mountinfo::{self, MountEntry};
 #[derive(Debug)]
 pub struct Handler {
     roots: AllowedRoots,
+    mounts: MountTables,
     policy: IdentityPolicy,
     tools: Executor,
     formatter: Executor,
@@ -38,11 +40,19 @@ pub struct Handler {
 
 impl Handler {
     /// A handler that acts beneath `roots` on devices `policy` accepts,
+    /// checking them against `mounts`,
     /// running `mkfs` on `formatter` (its thread count is the number of
     /// formats at once) and every other tool on `tools`.
-    pub fn new(roots: AllowedRoots, policy: IdentityPolicy, tools: Executor, formatter: Executor) -> Self {
+    pub fn new(
+        roots: AllowedRoots,
+        mounts: MountTables,
+        policy: IdentityPolicy,
+        tools: Executor,
+        formatter: Executor,
+    ) -> Self {
         Self {
             roots,
+            mounts,
             policy,
             tools,
             formatter,
@@ -105,7 +115,7 @@ impl Handler {
     ) -> Result<Option<VerifiedDevice>, HelperError> {
         let staging = self.roots.check(&r.staging_path)?;
         let (fd, node) = open_existing(&staging, FileType::Directory)?;
-        let mounts = read_mounts()?;
+        let mounts = self.mounts.read()?;
         let just_formatted = formatted.is_some();
         let device = match formatted {
             Some(device) => {
@@ -160,7 +170,7 @@ impl Handler {
         let node = mount::inspect(&fd)?;
         drop(fd);
         if node.is_mount_root {
-            refuse_foreign_mount(staging, &node, &read_mounts()?, MountKind::Filesystem)?;
+            refuse_foreign_mount(staging, &node, &self.mounts.read()?, MountKind::Filesystem)?;
             mount::unmount(&staging.open_parent(false)?, staging.name())?;
         }
         Ok(Reply::Done)
@@ -172,7 +182,7 @@ impl Handler {
     /// check the new mount, apply flags. A refusal after the target was
     /// created removes it again.
     fn publish(&self, r: &PublishRequest) -> Result<Reply, HelperError> {
-        let mounts = read_mounts()?;
+        let mounts = self.mounts.read()?;
         let (source, source_node, user_flags, want_type) = match &r.source {
             PublishSource::Staging {
                 volume_id,
@@ -266,7 +276,7 @@ impl Handler {
         let node = mount::inspect(&fd)?;
         drop(fd);
         if node.is_mount_root {
-            refuse_foreign_mount(target, &node, &read_mounts()?, MountKind::FilesystemOrDevice)?;
+            refuse_foreign_mount(target, &node, &self.mounts.read()?, MountKind::FilesystemOrDevice)?;
             mount::unmount(&parent, target.name())?;
         }
         let Some(fd) = open_target(&parent, target)? else {
@@ -299,7 +309,7 @@ impl Handler {
     /// path, grow the filesystem online (the tool gets the device, or for
     /// XFS the mount's root, as its fd 3), report the device size.
     fn expand(&self, r: &ExpandRequest) -> Result<Reply, HelperError> {
-        let mounts = read_mounts()?;
+        let mounts = self.mounts.read()?;
         let device = self.verify(&r.volume_id, &r.device, &mounts)?;
         let path = self.roots.check(&r.volume_path)?;
         let not_mounted = || HelperError::NotMounted {
@@ -453,10 +463,6 @@ fn create_target(parent: &OwnedFd, target: &SafePath<'_>, file_type: FileType) -
             .map(drop)
             .map_err(error)
     }
-}
-
-fn read_mounts() -> Result<Vec<MountEntry>, HelperError> {
-    mountinfo::read().map_err(|e| system("reading mountinfo", e))
 }
 
 fn find_mount(mounts: &[MountEntry], mount_id: u64) -> Option<&MountEntry> {

@@ -16,6 +16,7 @@ pub mod format;
 pub mod handler;
 pub mod harden;
 pub mod mount;
+pub mod mounts;
 pub mod options;
 pub mod path;
 pub mod server;

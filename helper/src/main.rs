@@ -12,6 +12,7 @@ use ebs_csi_helper::device::IdentityPolicy;
 use ebs_csi_helper::exec::Executor;
 use ebs_csi_helper::handler::Handler;
 use ebs_csi_helper::harden;
+use ebs_csi_helper::mounts::MountTables;
 use ebs_csi_helper::path::AllowedRoots;
 use ebs_csi_helper::server::{self, ServerConfig};
 use ebs_csi_linux::nvme::{EBS_MODEL, EBS_VENDOR_ID};
@@ -83,7 +84,10 @@ fn main() -> anyhow::Result<()> {
         .with_max_level(tracing::Level::INFO)
         .init();
     // 4. Open the allowed roots; every path is resolved beneath these fds.
+    //    Keep PID 1's mount table open (a helper in a container sees the
+    //    host's mounts through it).
     let roots = AllowedRoots::open(&args.allowed_roots).context("opening the allowed roots")?;
+    let mounts = MountTables::open();
     // 5. Bind the socket (owner root, the agent's group, mode 0660).
     let listener = match activated {
         Some(listener) => listener,
@@ -109,7 +113,7 @@ fn main() -> anyhow::Result<()> {
     if policy.nvme_vendor_id != EBS_VENDOR_ID || policy.nvme_model != EBS_MODEL {
         tracing::warn!(vendor_id = policy.nvme_vendor_id, model = %policy.nvme_model, "test mode: accepting NVMe controllers that are not EBS volumes");
     }
-    let handler = Arc::new(Handler::new(roots, policy, tools, formatter));
+    let handler = Arc::new(Handler::new(roots, mounts, policy, tools, formatter));
     let config = ServerConfig {
         allowed_uids: args.allowed_uids,
         max_connections: args.max_connections,

@@ -160,19 +160,31 @@ fn capset(mask: u64) -> io::Result<()> {
     }
 }
 
-/// Sets up `command`'s child before it execs: `fd` becomes its
-/// [`TOOL_DEVICE_FD`] (without close-on-exec), every other descriptor
-/// beyond stdio is closed, and its capabilities become `capabilities` (a
-/// mask of capability bits; with `no_new_privs` the exec cannot add any,
-/// so a tool runs with exactly these).
+/// Sets up `command`'s child before it execs: it is killed when the
+/// helper dies (`PR_SET_PDEATHSIG`, so a crashed helper leaves no tool
+/// holding a device), `fd` becomes its [`TOOL_DEVICE_FD`] (without
+/// close-on-exec), every other descriptor beyond stdio is closed, and its
+/// capabilities become `capabilities` (a mask of capability bits; with
+/// `no_new_privs` the exec cannot add any, so a tool runs with exactly
+/// these).
 pub(crate) fn set_up_tool_child(command: &mut Command, fd: RawFd, capabilities: u64) {
+    let helper = rustix::process::getpid().as_raw_nonzero().get();
     // SAFETY: the closure runs in the child between fork and exec, where
     // only async-signal-safe calls are allowed; it makes raw syscalls
-    // (fcntl, dup2, capset, close_range) on integers and stack values and
-    // allocates nothing. The parent keeps `fd` open until the child has
-    // exited.
+    // (prctl, getppid, fcntl, dup2, capset, close_range) on integers and
+    // stack values and allocates nothing. The parent keeps `fd` open until
+    // the child has exited.
     unsafe {
         command.pre_exec(move || {
+            // The death signal follows the forking thread, an executor
+            // thread that lives as long as the helper; if the helper died
+            // before the signal was set, the child is already orphaned.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() != helper {
+                return Err(io::Error::from(io::ErrorKind::BrokenPipe));
+            }
             let moved = if fd == TOOL_DEVICE_FD {
                 libc::fcntl(fd, libc::F_SETFD, 0)
             } else {

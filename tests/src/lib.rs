@@ -224,8 +224,44 @@ impl Drop for Process {
     }
 }
 
-/// Starts `command` with stderr to `log` and waits until `ready` exists
-/// (its socket, or a file it writes when it runs).
+/// `len` bytes of a fixed, non-repeating pattern: data a test writes to a
+/// volume and later checks, which no filesystem tool would write.
+pub fn data_pattern(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            u32::try_from(i)
+                .unwrap_or(u32::MAX)
+                .wrapping_mul(2_654_435_761)
+                .to_be_bytes()[0]
+        })
+        .collect()
+}
+
+/// Whether `path` is ready: it exists and, when it is a unix socket, its
+/// server listens. A socket's file appears at `bind(2)`, before
+/// `listen(2)`; a client connecting in between is refused, so existence
+/// alone is not readiness. A listening socket is listed in
+/// `/proc/net/unix` (unix(7)) with the `__SO_ACCEPTCON` flag, 0x10000.
+pub fn is_ready(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(metadata) = std::fs::symlink_metadata(path) else {
+        return false;
+    };
+    if !metadata.file_type().is_socket() {
+        return true;
+    }
+    let listed = path.to_string_lossy();
+    std::fs::read_to_string("/proc/net/unix")
+        .unwrap_or_default()
+        .lines()
+        .any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.get(7) == Some(&&*listed) && fields.get(3) == Some(&"00010000")
+        })
+}
+
+/// Starts `command` with stderr to `log` and waits until `ready` is ready
+/// ([`is_ready`]: its socket listens, or a file it writes exists).
 pub fn spawn(name: &'static str, mut command: Command, log: PathBuf, ready: &Path) -> Process {
     let file = std::fs::File::create(&log).expect("log file");
     let child = command
@@ -236,7 +272,7 @@ pub fn spawn(name: &'static str, mut command: Command, log: PathBuf, ready: &Pat
         .expect("spawn");
     let mut process = Process { child, name, log };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !ready.exists() {
+    while !is_ready(ready) {
         if let Ok(Some(status)) = process.child.try_wait() {
             panic!("{name} exited ({status}) before it was ready:\n{}", process.log());
         }

@@ -23,8 +23,8 @@ use ebs_csi_helper_proto::{
 use ebs_csi_tests::children::first_child_named;
 use ebs_csi_tests::loopdev::run;
 use ebs_csi_tests::{
-    AGENT_UID, Helper, LoopVolume, Sandbox, ebs_csi_mounts, is_mounted, mounts_under, require_root, run_as,
-    stage_request, wait_until,
+    AGENT_UID, Helper, LoopVolume, Sandbox, binary, ebs_csi_mounts, is_mounted, mounts_under, require_root, run_as,
+    spawn, stage_request, wait_until,
 };
 use rustix::process::{Pid, Signal, kill_process};
 
@@ -69,14 +69,20 @@ impl<'a> Unchanged<'a> {
     }
 }
 
-/// PID 1's mount points outside every test sandbox.
-fn host_mounts() -> Vec<String> {
+/// PID 1's mount points.
+fn pid1_mounts() -> Vec<String> {
     std::fs::read_to_string("/proc/1/mountinfo")
         .unwrap()
         .lines()
         .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
-        .filter(|m| !m.starts_with("/tmp/ebs-csi-test-"))
         .collect()
+}
+
+/// PID 1's mount points outside every test sandbox.
+fn host_mounts() -> Vec<String> {
+    let mut mounts = pid1_mounts();
+    mounts.retain(|m| !m.starts_with("/tmp/ebs-csi-test-"));
+    mounts
 }
 
 fn device_refused(device: &str, volume: &str, reason: Refusal) -> HelperError {
@@ -501,9 +507,7 @@ fn devices_in_use_are_neither_staged_nor_published_raw() {
         helper.call(publish_device(A, &raw.device, &block_target)).unwrap(),
         Reply::Done
     );
-    let pattern: Vec<u8> = (0..1u32 << 20)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
-        .collect();
+    let pattern = ebs_csi_tests::data_pattern(1 << 20);
     std::fs::OpenOptions::new()
         .write(true)
         .open(&block_target)
@@ -546,6 +550,43 @@ fn devices_in_use_are_neither_staged_nor_published_raw() {
     assert!(written == pattern, "the raw volume's data changed");
     assert!(!kubelet.join("pods/b/dev").exists() && !host_root.join("x").exists());
     assert_eq!(helper.call(unpublish(&block_target)).unwrap(), Reply::Done);
+}
+
+/// T14, second half: a helper in a mount namespace of its own (as in a
+/// container) still sees a disk mounted only in the host's (PID 1's), and
+/// refuses it.
+#[test]
+fn a_disk_mounted_only_in_the_hosts_namespace_is_in_use() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let socket = sandbox.path().join("helper/helper.sock");
+    let mut command = std::process::Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private"])
+        .arg(binary("ebs-csi-helper"))
+        .args(Helper::args(sandbox.path(), &socket));
+    let helper = Helper {
+        process: spawn("helper", command, sandbox.path().join("helper.log"), &socket),
+        socket,
+    };
+    let disk = LoopVolume::create(sandbox.path(), A, 64);
+    run("mkfs.ext4", &["-q", &text(&disk.device)]);
+    let host_only = sandbox.mkdir("host-only");
+    run("mount", &[&text(&disk.device), &text(&host_only)]);
+    assert!(
+        pid1_mounts().contains(&text(&host_only)),
+        "this test's mount namespace must be PID 1's"
+    );
+    let target = sandbox.kubelet().join("pods/a/dev");
+    expect_refused(
+        &helper,
+        publish_device(A, &disk.device, &target),
+        &device_refused(&text(&disk.device), A, Refusal::MountedOutside),
+    );
+    assert!(!target.exists());
+    run("umount", &[&text(&host_only)]);
 }
 
 /// T10: the deadline is per frame: a peer trickling a byte at a time is

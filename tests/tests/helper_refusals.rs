@@ -188,7 +188,9 @@ fn refuses_without_loop_permission_and_never_reformats() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    ebs_csi_tests::wait_until("socket", std::time::Duration::from_secs(10), || socket.exists());
+    ebs_csi_tests::wait_until("socket", std::time::Duration::from_secs(10), || {
+        ebs_csi_tests::is_ready(&socket)
+    });
     let mounts = mounts_under(sandbox.path());
     let result = run_as(AGENT_UID, {
         let (socket, request) = (

@@ -25,7 +25,7 @@ const BOOT_SERIALS: [&str; 3] = ["vol0aaaaaaaaaaaaaaa1", "vol0bbbbbbbbbbbbbbb2",
 /// Size of every disk, in MiB (xfs needs 300 MiB at least).
 const DISK_MIB: u64 = 512;
 /// PCIe root ports left free for hot-plugged disks.
-const HOTPLUG_PORTS: usize = 4;
+const HOTPLUG_PORTS: usize = 7;
 /// The whole suite's time limit.
 const SUITE_LIMIT: Duration = Duration::from_secs(150);
 
@@ -146,8 +146,18 @@ fn nvme_scenarios_in_a_vm() {
         transcript.push(line.clone());
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
-            ["@@PLUG", id, serial] => {
+            ["@@PLUG", id, serial, contents @ ..] => {
                 let image = disk(dir.path(), id);
+                if contents == ["data"] {
+                    // A volume that holds data: a pattern over its first MiB.
+                    let pattern = ebs_csi_tests::data_pattern(1 << 20);
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&image)
+                        .unwrap()
+                        .write_all(&pattern)
+                        .unwrap();
+                }
                 let port = ports.next().expect("a free root port");
                 qmp.execute(&format!(
                     r#"{{"execute":"blockdev-add","arguments":{{"driver":"raw","node-name":"{id}","file":{{"driver":"file","filename":"{}"}}}}}}"#,
@@ -170,7 +180,7 @@ fn nvme_scenarios_in_a_vm() {
     scenarios.push(format!("VM suite: {:.1} s", start.elapsed().as_secs_f64()));
     std::fs::write(vm_dir.join("report.txt"), scenarios.join("\n") + "\n").unwrap();
     assert_eq!(status, 0, "a scenario failed; console:\n{}", transcript.join("\n"));
-    for n in 1..=5 {
+    for n in 1..=6 {
         assert!(
             scenarios.iter().any(|s| s.starts_with(&format!("@@SCENARIO {n} ok"))),
             "scenario {n} did not report; console:\n{}",

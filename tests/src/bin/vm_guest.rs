@@ -3,7 +3,7 @@
 //!
 //! The VM boots with three emulated NVMe disks whose serials are EBS-style
 //! (`BOOT_VOLUMES`); more are hot-plugged on request. The guest talks to
-//! the host over its console: it prints `@@PLUG <id> <serial>` and
+//! the host over its console: it prints `@@PLUG <id> <serial> [data]` and
 //! `@@UNPLUG <id>` for the host to act on through QMP, and one
 //! `@@SCENARIO <n> ok: …` line per scenario. Any failure panics, which
 //! `/init` reports as a non-zero `@@EXIT`.
@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ebs_csi_helper_proto::{ClientError, FsType, HelperClient, HelperError};
+use ebs_csi_helper_proto::{ClientError, ExpandRequest, FsType, HelperClient, HelperError, Request, VolumeId};
 use ebs_csi_linux::nvme::identify_controller;
 use ebs_csi_proto::v1::node_client::NodeClient;
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
@@ -26,7 +26,7 @@ use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use ebs_csi_proto::v1::{
     NodeGetVolumeStatsRequest, NodeStageVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
 };
-use ebs_csi_tests::children::children_named;
+use ebs_csi_tests::children::{children_named, first_child_named};
 use ebs_csi_tests::{AGENT_UID, channel, run_as, stage_request};
 use tonic::transport::Channel;
 
@@ -53,6 +53,7 @@ async fn main() {
     let staged = hot_plug_during_stage(&mut node, helper.id()).await;
     hot_unplug_while_staged(&mut node, &staged).await;
     refuses_other_devices();
+    a_disk_replaced_while_its_format_waits();
     for child in [&mut agent, &mut helper] {
         let _ = child.kill();
         let _ = child.wait();
@@ -203,6 +204,99 @@ fn refuses_other_devices() {
     );
 }
 
+/// 6. One formatter, busy with a stopped `mkfs`; a Stage of volume X waits
+///    for it. Meanwhile X's disk is hot-unplugged and the disk of volume Y,
+///    holding data, hot-plugged. When X's format gets its turn the helper
+///    verifies the device again and refuses it; Y is untouched. The report
+///    says whether the kernel gave Y X's name (it cannot while the helper
+///    holds X's namespace open).
+fn a_disk_replaced_while_its_format_waits() {
+    let socket = "/run/ebs-csi/one-formatter.sock";
+    let qemu = ["--nvme-model", "QEMU NVMe Ctrl", "--nvme-vendor-id", "0x1b36"];
+    let mut helper = start_helper(socket, &[&qemu[..], &["--max-parallel-formats", "1"]].concat());
+    let (blocker, x, y) = (
+        "vol-04444444444444444",
+        "vol-05555555555555555",
+        "vol-06666666666666666",
+    );
+    println!("@@PLUG hp4 {}", serial(blocker));
+    println!("@@PLUG hp5 {}", serial(x));
+    let (_, blocker_device) = wait_for_disk(&serial(blocker), Duration::from_secs(10)).unwrap();
+    let (_, x_device) = wait_for_disk(&serial(x), Duration::from_secs(10)).unwrap();
+    let call = |request| {
+        let socket = PathBuf::from(socket);
+        std::thread::spawn(move || {
+            run_as(AGENT_UID, || {
+                HelperClient::new(socket, Duration::from_secs(120)).call(request)
+            })
+        })
+    };
+    let first = call(stage_request(
+        blocker,
+        &blocker_device,
+        &make_staging(blocker),
+        FsType::Ext4,
+        &[],
+    ));
+    let mkfs = first_child_named(helper.id(), "mkfs", Duration::from_secs(20));
+    let mkfs = rustix::process::Pid::from_raw(i32::try_from(mkfs).unwrap()).unwrap();
+    rustix::process::kill_process(mkfs, rustix::process::Signal::STOP).unwrap();
+    let queued = call(stage_request(x, &x_device, &make_staging(x), FsType::Ext4, &[]));
+    let probe = Request::Expand(ExpandRequest {
+        volume_id: VolumeId::parse(x).unwrap(),
+        device: x_device.display().to_string(),
+        volume_path: make_staging(x).display().to_string(),
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !matches!(
+        call(probe.clone()).join().unwrap(),
+        Err(ClientError::Helper(HelperError::InProgress { .. }))
+    ) {
+        assert!(Instant::now() < deadline, "the format of {x} never queued");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!("@@UNPLUG hp5");
+    while find_controller(&serial(x)).is_some() {
+        assert!(Instant::now() < deadline, "{x} was not unplugged");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!("@@PLUG hp6 {} data", serial(y));
+    let (_, y_device) = wait_for_disk(&serial(y), Duration::from_secs(10)).unwrap();
+    let y_before = first_mib(&y_device);
+    rustix::process::kill_process(mkfs, rustix::process::Signal::CONT).unwrap();
+    let refused = queued.join().unwrap();
+    assert_eq!(first.join().unwrap().unwrap(), ebs_csi_helper_proto::Reply::Done);
+    let expected = HelperError::DeviceRefused {
+        device: x_device.display().to_string(),
+        volume_id: x.to_owned(),
+        reason: ebs_csi_helper::device::Refusal::Changed.to_string(),
+    };
+    assert!(
+        matches!(&refused, Err(ClientError::Helper(e)) if *e == expected),
+        "{refused:?}"
+    );
+    assert!(first_mib(&y_device) == y_before, "{y} was written to");
+    assert_eq!(mounted_device(&make_staging(x)), None);
+    let _ = helper.kill();
+    let _ = helper.wait();
+    let reused = if y_device == x_device { "reused" } else { "not reused" };
+    report(
+        6,
+        &format!(
+            "{x} unplugged while its format waited, {y} (data) plugged as {} ({} {reused}): the format refused, {y} untouched",
+            y_device.display(),
+            x_device.display()
+        ),
+    );
+}
+
+fn first_mib(device: &Path) -> Vec<u8> {
+    use std::io::Read;
+    let mut bytes = vec![0u8; 1 << 20];
+    std::fs::File::open(device).unwrap().read_exact(&mut bytes).unwrap();
+    bytes
+}
+
 /// Asks the helper at `socket` (as the agent's uid) to stage `device` as
 /// `volume_id`; it must answer DeviceRefused and mount nothing.
 fn assert_device_refused(socket: &str, volume_id: &str, device: &Path) {
@@ -245,7 +339,7 @@ fn start_helper(socket: &str, identity: &[&str]) -> Child {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    wait_for_path(Path::new(socket));
+    wait_for_socket(Path::new(socket));
     child
 }
 
@@ -267,14 +361,16 @@ fn start_agent() -> Child {
         .gid(AGENT_UID)
         .spawn()
         .unwrap();
-    wait_for_path(Path::new(CSI_SOCKET));
+    wait_for_socket(Path::new(CSI_SOCKET));
     child
 }
 
-fn wait_for_path(path: &Path) {
+/// Waits until the socket at `path` listens (not merely exists: see
+/// [`ebs_csi_tests::is_ready`]).
+fn wait_for_socket(path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !path.exists() {
-        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+    while !ebs_csi_tests::is_ready(path) {
+        assert!(Instant::now() < deadline, "{} never listened", path.display());
         std::thread::sleep(Duration::from_millis(10));
     }
 }

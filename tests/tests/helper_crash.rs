@@ -1,0 +1,174 @@
+//! The helper killed (`SIGKILL`) at each step of Stage and Expand, over
+//! loop devices: its tool dies with it, a retry through a new helper
+//! succeeds, no device is formatted twice, and data written before the
+//! crash is intact. Runs per step: `EBS_CSI_CRASH_RUNS` (20 by default, as
+//! in `make test`; `make crash` runs 100).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration tests: a failed step fails the test"
+)]
+
+use std::path::Path;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use ebs_csi_helper_proto::{
+    ClientError, ExpandRequest, FsType, HelperClient, Reply, Request, UnstageRequest, VolumeId,
+};
+use ebs_csi_tests::children::first_child_named;
+use ebs_csi_tests::loopdev::run;
+use ebs_csi_tests::{
+    AGENT_UID, Helper, LoopVolume, Sandbox, is_mounted, mounts_under, require_root, run_as, stage_request, wait_until,
+};
+use rustix::process::{Pid, Signal, kill_process};
+
+const VOLUME: &str = "vol-0aaaaaaaaaaaaaaa1";
+
+/// Where the helper is killed.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// While `mkfs` runs (stopped, so the kill lands inside it).
+    DuringMkfs,
+    /// Right after `mkfs` exits, before or while the helper mounts.
+    AfterMkfs,
+    /// While `xfs_growfs` runs on a staged volume holding data.
+    DuringGrowth,
+}
+
+fn runs() -> usize {
+    std::env::var("EBS_CSI_CRASH_RUNS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(20)
+}
+
+fn signal(pid: u32, signal: Signal) {
+    let _ = kill_process(Pid::from_raw(i32::try_from(pid).unwrap()).unwrap(), signal);
+}
+
+/// Whether process `pid` has exited (gone, or a zombie nobody reaped yet).
+fn exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z'))
+    })
+}
+
+/// Kills `helper` and waits until its tool `tool` (a pid) has died too.
+fn crash(helper: Helper, tool: u32) {
+    signal(helper.process.pid(), Signal::KILL);
+    let socket = helper.socket.clone();
+    drop(helper);
+    wait_until("the tool to die with the helper", Duration::from_secs(10), || {
+        exited(tool)
+    });
+    std::fs::remove_file(socket).unwrap();
+}
+
+/// Sends `request` to `helper` from another thread, as the agent would.
+fn in_background(helper: &Helper, request: Request) -> JoinHandle<Result<Reply, ClientError>> {
+    let socket = helper.socket.clone();
+    std::thread::spawn(move || {
+        run_as(AGENT_UID, move || {
+            HelperClient::new(socket, Duration::from_secs(60)).call(request)
+        })
+    })
+}
+
+fn uuid(device: &Path) -> String {
+    run("blkid", &["-p", "-s", "UUID", "-o", "value", &device.to_string_lossy()])
+        .trim()
+        .to_owned()
+}
+
+fn unstage(helper: &Helper, staging: &Path) {
+    let request = Request::Unstage(UnstageRequest {
+        staging_path: staging.to_string_lossy().into_owned(),
+    });
+    assert_eq!(helper.call(request).unwrap(), Reply::Done);
+}
+
+/// One run: kill the helper at `step`, retry with a new one, and check.
+fn crash_at(step: Step) {
+    let sandbox = Sandbox::new();
+    let volume = LoopVolume::create(sandbox.path(), VOLUME, 320);
+    let staging = sandbox.mkdir("kubelet/staging");
+    let fs = if matches!(step, Step::DuringGrowth) {
+        FsType::Xfs
+    } else {
+        FsType::Ext4
+    };
+    let stage = stage_request(VOLUME, &volume.device, &staging, fs, &[]);
+    let helper = Helper::start(&sandbox, &[]);
+    let marker = staging.join("written-before-the-crash");
+    let helper = match step {
+        Step::DuringMkfs | Step::AfterMkfs => {
+            let call = in_background(&helper, stage.clone());
+            let mkfs = first_child_named(helper.process.pid(), "mkfs", Duration::from_secs(20));
+            if matches!(step, Step::DuringMkfs) {
+                signal(mkfs, Signal::STOP);
+            } else {
+                wait_until("mkfs to exit", Duration::from_secs(20), || exited(mkfs));
+            }
+            crash(helper, mkfs);
+            // The stage either failed with the helper or had mounted.
+            let _ = call.join().unwrap();
+            Helper::start(&sandbox, &[])
+        }
+        Step::DuringGrowth => {
+            assert_eq!(helper.call(stage.clone()).unwrap(), Reply::Done);
+            std::fs::write(&marker, "intact").unwrap();
+            volume.grow(640);
+            let expand = Request::Expand(ExpandRequest {
+                volume_id: VolumeId::parse(VOLUME).unwrap(),
+                device: volume.device.to_string_lossy().into_owned(),
+                volume_path: staging.to_string_lossy().into_owned(),
+            });
+            let call = in_background(&helper, expand.clone());
+            let growfs = first_child_named(helper.process.pid(), "xfs_growfs", Duration::from_secs(20));
+            signal(growfs, Signal::STOP);
+            crash(helper, growfs);
+            let _ = call.join().unwrap();
+            let helper = Helper::start(&sandbox, &[]);
+            let grown = helper.call(expand).unwrap();
+            assert_eq!(grown, Reply::Expanded { size_bytes: 640 << 20 });
+            helper
+        }
+    };
+    // The retry succeeds and mounts the volume exactly once.
+    assert_eq!(helper.call(stage.clone()).unwrap(), Reply::Done, "{step:?}: retry");
+    assert!(is_mounted(&staging));
+    assert_eq!(
+        mounts_under(sandbox.path()).len(),
+        1,
+        "{step:?}: mounted more than once"
+    );
+    if !matches!(step, Step::DuringGrowth) {
+        std::fs::write(&marker, "intact").unwrap();
+    }
+    // Staged again from scratch: the same filesystem, not a new one.
+    let formatted = uuid(&volume.device);
+    unstage(&helper, &staging);
+    assert_eq!(helper.call(stage).unwrap(), Reply::Done);
+    assert_eq!(uuid(&volume.device), formatted, "{step:?}: formatted twice");
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap(),
+        "intact",
+        "{step:?}: data lost"
+    );
+    unstage(&helper, &staging);
+}
+
+#[test]
+fn a_helper_killed_at_any_step_leaves_a_retry_that_works() {
+    if !require_root() {
+        return;
+    }
+    let runs = runs();
+    for step in [Step::DuringMkfs, Step::AfterMkfs, Step::DuringGrowth] {
+        for _ in 0..runs {
+            crash_at(step);
+        }
+        eprintln!("{step:?}: {runs} runs, each retried successfully with no second format and data intact");
+    }
+}
