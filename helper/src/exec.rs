@@ -7,8 +7,9 @@
 //! [`DEVICE_ARG`]: a tool never resolves a name the agent sent. Right
 //! before the exec the device is verified again
 //! ([`VerifiedDevice::reverify`]). Each tool runs with only the capability
-//! it needs ([`Tool::capabilities`]: none for blkid and mkfs.ext*), in its own
-//! process group, with a time limit; on expiry the whole group is killed.
+//! it needs ([`Tool::capabilities`]: none for blkid and mkfs.ext*) and the
+//! policy's `tools` seccomp denylist, in its own process group, with a time
+//! limit; on expiry the whole group is killed.
 //!
 //! Tools run from executor threads, started before the seccomp filter is
 //! installed on the serving threads, so the filter binds the helper and
@@ -27,6 +28,7 @@ use caps::{CapSet, Capability};
 use ebs_csi_helper_proto::HelperError;
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::process::{Pid, PidfdFlags, Signal};
+use seccompiler::BpfProgram;
 
 use crate::device::VerifiedDevice;
 use crate::error::system;
@@ -130,24 +132,25 @@ pub struct Executor {
 impl Executor {
     /// Starts `threads` executor threads named `name`; at most that many
     /// tools run at once, later jobs wait in the queue. A tool still
-    /// running after `timeout` is killed with its process group. Call it
-    /// before installing the seccomp filter: the threads, and so every
-    /// tool, stay unfiltered.
+    /// running after `timeout` is killed with its process group. Each tool
+    /// installs `tool_filter` (the policy's `tools` denylist) before it
+    /// execs. Call it before installing the serving filter: the threads
+    /// stay outside it, so the tools get the denylist instead.
     ///
     /// # Errors
     /// The error spawning a thread.
-    pub fn start(name: &str, threads: usize, timeout: Duration) -> io::Result<Self> {
+    pub fn start(name: &str, threads: usize, timeout: Duration, tool_filter: Arc<BpfProgram>) -> io::Result<Self> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let queue = Arc::new(Mutex::new(queue));
         for _ in 0..threads.max(1) {
-            let queue = Arc::clone(&queue);
+            let (queue, filter) = (Arc::clone(&queue), Arc::clone(&tool_filter));
             std::thread::Builder::new().name(name.into()).spawn(move || {
                 loop {
                     // The guard is a temporary: the queue is locked only
                     // while taking the next job, not while running it.
                     let next = queue.lock().unwrap_or_else(PoisonError::into_inner).recv();
                     let Ok(job) = next else { break };
-                    let _ = job.reply.send(execute(&job, timeout));
+                    let _ = job.reply.send(execute(&job, timeout, &filter));
                 }
             })?;
         }
@@ -213,7 +216,7 @@ impl Executor {
     }
 }
 
-fn execute(job: &Job, timeout: Duration) -> Result<Output, HelperError> {
+fn execute(job: &Job, timeout: Duration, tool_filter: &Arc<BpfProgram>) -> Result<Output, HelperError> {
     job.device.reverify()?;
     let mut command = Command::new(&job.path);
     command
@@ -231,7 +234,12 @@ fn execute(job: &Job, timeout: Duration) -> Result<Output, HelperError> {
         .map_err(|e| system("reading the executor's capabilities", e))?
         .iter()
         .fold(0, |mask, c| mask | c.bitmask());
-    sys::set_up_tool_child(&mut command, job.fd3.as_raw_fd(), job.tool.capabilities() & held);
+    sys::set_up_tool_child(
+        &mut command,
+        job.fd3.as_raw_fd(),
+        job.tool.capabilities() & held,
+        Arc::clone(tool_filter),
+    );
     let starting = |e| system(format!("starting {}", job.path), e);
     let mut child = command.spawn().map_err(starting)?;
     let stdout = drain(child.stdout.take());

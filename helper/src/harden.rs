@@ -89,46 +89,61 @@ const POLICY: &str = include_str!("../seccomp.json");
 /// out there.
 pub const X86_64_ONLY: [&str; 2] = ["poll", "readlink"];
 
-/// Compiles the serving threads' allowlist for this architecture.
-///
-/// # Errors
-/// [`HardenError::Seccomp`] when the policy does not compile.
-pub fn seccomp_program() -> Result<BpfProgram, HardenError> {
-    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| HardenError::Seccomp(format!("{e:?}")))?;
-    seccomp_program_for(arch)
+/// The compiled filters of the policy.
+#[derive(Debug)]
+pub struct Filters {
+    /// The allowlist of the serving thread and its connection threads.
+    pub serving: BpfProgram,
+    /// The denylist each tool child installs before it execs: no tool
+    /// mounts, enters a namespace, loads a module or touches another
+    /// process.
+    pub tools: BpfProgram,
 }
 
-/// Compiles the serving threads' allowlist for `arch` (seccompiler
-/// resolves names with that architecture's table, so any architecture
-/// compiles on any build host).
+/// Compiles the policy for this architecture.
 ///
 /// # Errors
 /// [`HardenError::Seccomp`] when the policy does not compile.
-pub fn seccomp_program_for(arch: TargetArch) -> Result<BpfProgram, HardenError> {
+pub fn seccomp_filters() -> Result<Filters, HardenError> {
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| HardenError::Seccomp(format!("{e:?}")))?;
+    seccomp_filters_for(arch)
+}
+
+/// Compiles the policy for `arch` (seccompiler resolves names with that
+/// architecture's table, so any architecture compiles on any build host).
+///
+/// # Errors
+/// [`HardenError::Seccomp`] when the policy does not compile.
+pub fn seccomp_filters_for(arch: TargetArch) -> Result<Filters, HardenError> {
     let invalid = |e: &dyn std::fmt::Display| HardenError::Seccomp(e.to_string());
     let mut policy: serde_json::Value = serde_json::from_str(POLICY).map_err(|e| invalid(&e))?;
     if arch != TargetArch::x86_64 {
-        let calls = policy
-            .pointer_mut("/serving/filter")
-            .and_then(serde_json::Value::as_array_mut)
-            .ok_or_else(|| HardenError::Seccomp("the policy has no \"serving\" filter".into()))?;
-        calls.retain(|rule| !X86_64_ONLY.iter().any(|name| rule["syscall"] == *name));
+        let filters = policy.as_object_mut().into_iter().flat_map(|map| map.values_mut());
+        for calls in filters.filter_map(|f| f.get_mut("filter").and_then(serde_json::Value::as_array_mut)) {
+            calls.retain(|rule| !X86_64_ONLY.iter().any(|name| rule["syscall"] == *name));
+        }
     }
     let json = serde_json::to_vec(&policy).map_err(|e| invalid(&e))?;
     let mut filters: HashMap<String, BpfProgram> =
         seccompiler::compile_from_json(json.as_slice(), arch).map_err(|e| invalid(&e))?;
-    filters
-        .remove("serving")
-        .ok_or_else(|| HardenError::Seccomp("the policy has no \"serving\" filter".into()))
+    let mut take = |name: &str| {
+        filters
+            .remove(name)
+            .ok_or_else(|| HardenError::Seccomp(format!("the policy has no {name:?} filter")))
+    };
+    Ok(Filters {
+        serving: take("serving")?,
+        tools: take("tools")?,
+    })
 }
 
-/// Installs the allowlist on the calling thread; threads it spawns inherit
-/// it. A system call outside the list fails with `EPERM`.
+/// Installs `serving` on the calling thread; threads it spawns inherit it.
+/// A system call outside the list fails with `EPERM`.
 ///
 /// # Errors
 /// [`HardenError::Seccomp`].
-pub fn install_seccomp() -> Result<(), HardenError> {
-    seccompiler::apply_filter(&seccomp_program()?).map_err(|e| HardenError::Seccomp(e.to_string()))
+pub fn install_seccomp(serving: &BpfProgram) -> Result<(), HardenError> {
+    seccompiler::apply_filter(serving).map_err(|e| HardenError::Seccomp(e.to_string()))
 }
 
 #[cfg(test)]
@@ -137,7 +152,7 @@ mod tests {
 
     #[test]
     fn the_policy_compiles_and_refuses_what_it_does_not_list() {
-        let program = seccomp_program().unwrap();
+        let program = seccomp_filters().unwrap().serving;
         let outcome = std::thread::spawn(move || {
             seccompiler::apply_filter(&program).unwrap();
             // Listed: reading a file.
@@ -176,8 +191,35 @@ mod tests {
     #[test]
     fn the_policy_compiles_for_every_architecture_seccompiler_knows() {
         for arch in [TargetArch::x86_64, TargetArch::aarch64, TargetArch::riscv64] {
-            let program = seccomp_program_for(arch).unwrap_or_else(|e| panic!("{arch:?}: {e}"));
-            assert!(program.len() > 50, "{arch:?}: {} instructions", program.len());
+            let filters = seccomp_filters_for(arch).unwrap_or_else(|e| panic!("{arch:?}: {e}"));
+            assert!(
+                filters.serving.len() > 50,
+                "{arch:?}: {} instructions",
+                filters.serving.len()
+            );
+            assert!(
+                filters.tools.len() > 30,
+                "{arch:?}: {} instructions",
+                filters.tools.len()
+            );
         }
+    }
+
+    /// The tools' denylist lets a tool read and write files but not mount
+    /// or change its root.
+    #[test]
+    fn the_tools_filter_denies_what_no_tool_needs() {
+        let program = seccomp_filters().unwrap().tools;
+        let outcome = std::thread::spawn(move || {
+            seccompiler::apply_filter(&program).unwrap();
+            let reads = std::fs::read_to_string("/proc/self/status").is_ok();
+            let umount = rustix::mount::unmount("/nonexistent", rustix::mount::UnmountFlags::empty())
+                .map_err(|e| e.raw_os_error());
+            let chroot = rustix::process::chroot("/").map_err(|e| e.raw_os_error());
+            (reads, umount.err(), chroot.err())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(outcome, (true, Some(1), Some(1)), "(reads, EPERM, EPERM)");
     }
 }

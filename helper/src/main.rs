@@ -96,15 +96,19 @@ fn main() -> anyhow::Result<()> {
     // 6. Keep only CAP_SYS_ADMIN and CAP_SYS_RESOURCE; no new privileges.
     harden::reduce_capabilities().context("reducing capabilities")?;
     harden::forbid_new_privileges().context("setting no_new_privs")?;
-    // 7. The executor threads (tools run from them, outside the filter, and
-    //    keep both capabilities for them), then only CAP_SYS_ADMIN and the
-    //    seccomp allowlist on the serving thread and its children.
+    // 7. The executor threads (tools run from them, each with the tools'
+    //    seccomp denylist; the threads keep both capabilities for them),
+    //    then only CAP_SYS_ADMIN and the allowlist on the serving thread
+    //    and its children.
+    let filters = harden::seccomp_filters().context("compiling the seccomp policy")?;
+    let tool_filter = Arc::new(filters.tools);
     let tool_timeout = Duration::from_secs(args.tool_timeout_seconds);
-    let tools = Executor::start("tools", 1, tool_timeout).context("starting the executor threads")?;
-    let formatter = Executor::start("formatter", args.max_parallel_formats.into(), tool_timeout)
+    let tools =
+        Executor::start("tools", 1, tool_timeout, Arc::clone(&tool_filter)).context("starting the executor threads")?;
+    let formatter = Executor::start("formatter", args.max_parallel_formats.into(), tool_timeout, tool_filter)
         .context("starting the executor threads")?;
     harden::keep_only_serving().context("reducing the serving thread's capabilities")?;
-    harden::install_seccomp().context("installing the seccomp filter")?;
+    harden::install_seccomp(&filters.serving).context("installing the seccomp filter")?;
     let policy = IdentityPolicy {
         nvme_vendor_id: args.nvme_vendor_id,
         nvme_model: args.nvme_model,

@@ -10,10 +10,12 @@ use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
+use std::sync::Arc;
 
 use rustix::fs::FileType;
 use rustix::ioctl::{Getter, Opcode, ioctl, opcode};
 use rustix::net::AddressFamily;
+use seccompiler::BpfProgram;
 
 /// `BLKGETDISKSEQ = _IOR(0x12, 128, __u64)` (include/uapi/linux/fs.h,
 /// Linux ≥ 5.15): the disk sequence number, unique to each disk the kernel
@@ -166,13 +168,14 @@ fn capset(mask: u64) -> io::Result<()> {
 /// close-on-exec), every other descriptor beyond stdio is closed, and its
 /// capabilities become `capabilities` (a mask of capability bits; with
 /// `no_new_privs` the exec cannot add any, so a tool runs with exactly
-/// these).
-pub(crate) fn set_up_tool_child(command: &mut Command, fd: RawFd, capabilities: u64) {
+/// these), and it installs the seccomp `filter`, which the exec keeps.
+pub(crate) fn set_up_tool_child(command: &mut Command, fd: RawFd, capabilities: u64, filter: Arc<BpfProgram>) {
     let helper = rustix::process::getpid().as_raw_nonzero().get();
     // SAFETY: the closure runs in the child between fork and exec, where
     // only async-signal-safe calls are allowed; it makes raw syscalls
-    // (prctl, getppid, fcntl, dup2, capset, close_range) on integers and
-    // stack values and allocates nothing. The parent keeps `fd` open until
+    // (prctl, getppid, fcntl, dup2, capset, seccomp, close_range) on
+    // integers, stack values and the filter compiled before the fork, and
+    // allocates nothing. The parent keeps `fd` open until
     // the child has exited.
     unsafe {
         command.pre_exec(move || {
@@ -194,6 +197,9 @@ pub(crate) fn set_up_tool_child(command: &mut Command, fd: RawFd, capabilities: 
                 return Err(io::Error::last_os_error());
             }
             capset(capabilities)?;
+            // The filter was compiled before the fork; installing it makes
+            // two system calls and allocates nothing.
+            seccompiler::apply_filter(&filter).map_err(|_| io::Error::from_raw_os_error(libc::EPERM))?;
             close_from(4)
         });
     }

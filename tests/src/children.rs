@@ -26,6 +26,13 @@ pub fn children_named(pid: u32, prefix: &str) -> Vec<u32> {
         .collect()
 }
 
+/// Whether process `pid` has exited (gone, or a zombie nobody reaped yet).
+pub fn exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z'))
+    })
+}
+
 /// The first child of `pid` named `prefix…` (see [`children_named`]),
 /// looked for until it appears; panics after `within`. It spins rather than
 /// sleeps, so a caller can stop the child before it gets far.

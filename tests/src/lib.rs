@@ -238,11 +238,14 @@ pub fn data_pattern(len: usize) -> Vec<u8> {
 }
 
 /// Whether `path` is ready: it exists and, when it is a unix socket, its
-/// server listens. A socket's file appears at `bind(2)`, before
-/// `listen(2)`; a client connecting in between is refused, so existence
-/// alone is not readiness. A listening socket is listed in
-/// `/proc/net/unix` (unix(7)) with the `__SO_ACCEPTCON` flag, 0x10000.
-pub fn is_ready(path: &Path) -> bool {
+/// server (process `server`) listens on it. A socket's file appears at
+/// `bind(2)`, before `listen(2)`; a client connecting in between is
+/// refused, so existence alone is not readiness. A listening socket is
+/// listed in the `net/unix` table of its network namespace (unix(7)) with
+/// the `__SO_ACCEPTCON` flag, 0x10000; the server's own
+/// `/proc/<pid>/net/unix` is that namespace's (a server may run in another,
+/// as under `unshare --net`).
+pub fn is_ready(path: &Path, server: u32) -> bool {
     use std::os::unix::fs::FileTypeExt;
     let Ok(metadata) = std::fs::symlink_metadata(path) else {
         return false;
@@ -251,7 +254,7 @@ pub fn is_ready(path: &Path) -> bool {
         return true;
     }
     let listed = path.to_string_lossy();
-    std::fs::read_to_string("/proc/net/unix")
+    std::fs::read_to_string(format!("/proc/{server}/net/unix"))
         .unwrap_or_default()
         .lines()
         .any(|line| {
@@ -272,7 +275,7 @@ pub fn spawn(name: &'static str, mut command: Command, log: PathBuf, ready: &Pat
         .expect("spawn");
     let mut process = Process { child, name, log };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !is_ready(ready) {
+    while !is_ready(ready, process.child.id()) {
         if let Ok(Some(status)) = process.child.try_wait() {
             panic!("{name} exited ({status}) before it was ready:\n{}", process.log());
         }

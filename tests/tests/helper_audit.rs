@@ -14,13 +14,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ebs_csi_helper::device::Refusal;
+use ebs_csi_helper::exec::Tool;
 use ebs_csi_helper::handler::{FOREIGN_MOUNT, NOT_A_MOUNT_POINT};
 use ebs_csi_helper::path::CROSSES_MOUNT;
 use ebs_csi_helper_proto::{
     ClientError, ExpandRequest, FsType, HelperError, PROTOCOL_VERSION, PublishRequest, PublishSource, Reply, Request,
     Response, UnpublishRequest, UnstageRequest, VolumeId, read_frame, write_frame,
 };
-use ebs_csi_tests::children::first_child_named;
+use ebs_csi_tests::children::{exited, first_child_named};
 use ebs_csi_tests::loopdev::run;
 use ebs_csi_tests::{
     AGENT_UID, Helper, LoopVolume, Sandbox, binary, ebs_csi_mounts, is_mounted, mounts_under, require_root, run_as,
@@ -587,6 +588,65 @@ fn a_disk_mounted_only_in_the_hosts_namespace_is_in_use() {
     );
     assert!(!target.exists());
     run("umount", &[&text(&host_only)]);
+}
+
+/// T9, with a stopped tool standing in for a hung one: a tool still
+/// running at `--tool-timeout-seconds` is killed, the request fails with
+/// `ToolFailed`, nothing is mounted, and the next request works.
+#[test]
+fn a_tool_past_its_time_limit_is_killed() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &["--tool-timeout-seconds", "1"]);
+    let volume = LoopVolume::create(sandbox.path(), A, 512);
+    let staging = sandbox.mkdir("kubelet/staging");
+    let (result, mkfs) = std::thread::scope(|scope| {
+        let call = scope.spawn(|| helper.call(stage(A, &volume.device, &staging)));
+        let mkfs = first_child_named(helper.process.pid(), "mkfs", Duration::from_secs(20));
+        kill_process(Pid::from_raw(i32::try_from(mkfs).unwrap()).unwrap(), Signal::STOP).unwrap();
+        (call.join().unwrap(), mkfs)
+    });
+    let expected = HelperError::ToolFailed {
+        tool: Tool::MkfsExt4.path().unwrap(),
+        detail: "still running after 1 s; killed".into(),
+    };
+    assert!(
+        matches!(&result, Err(ClientError::Helper(e)) if *e == expected),
+        "{result:?}"
+    );
+    assert!(exited(mkfs), "the stopped mkfs was not killed");
+    assert!(!is_mounted(&staging));
+    assert_eq!(helper.call(stage(A, &volume.device, &staging)).unwrap(), Reply::Done);
+    assert!(is_mounted(&staging));
+}
+
+/// Active swap (the disk or a partition) is in use by the host.
+#[test]
+fn a_swap_device_is_in_use() {
+    if !require_root() {
+        return;
+    }
+    struct Swap<'a>(&'a Path);
+    impl Drop for Swap<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("swapoff").arg(self.0).status();
+        }
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let volume = LoopVolume::create(sandbox.path(), A, 64);
+    run("mkswap", &["-q", &text(&volume.device)]);
+    run("swapon", &[&text(&volume.device)]);
+    let _swap = Swap(&volume.device);
+    let unchanged = Unchanged::record(&sandbox, &[&volume]);
+    expect_refused(
+        &helper,
+        stage(A, &volume.device, &sandbox.mkdir("kubelet/staging")),
+        &device_refused(&text(&volume.device), A, Refusal::Swap),
+    );
+    unchanged.assert("a swap device");
 }
 
 /// T10: the deadline is per frame: a peer trickling a byte at a time is

@@ -16,7 +16,7 @@ use std::time::Duration;
 use ebs_csi_helper_proto::{
     ClientError, ExpandRequest, FsType, HelperClient, Reply, Request, UnstageRequest, VolumeId,
 };
-use ebs_csi_tests::children::first_child_named;
+use ebs_csi_tests::children::{exited, first_child_named};
 use ebs_csi_tests::loopdev::run;
 use ebs_csi_tests::{
     AGENT_UID, Helper, LoopVolume, Sandbox, is_mounted, mounts_under, require_root, run_as, stage_request, wait_until,
@@ -45,13 +45,6 @@ fn runs() -> usize {
 
 fn signal(pid: u32, signal: Signal) {
     let _ = kill_process(Pid::from_raw(i32::try_from(pid).unwrap()).unwrap(), signal);
-}
-
-/// Whether process `pid` has exited (gone, or a zombie nobody reaped yet).
-fn exited(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-        stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('Z'))
-    })
 }
 
 /// Kills `helper` and waits until its tool `tool` (a pid) has died too.

@@ -107,6 +107,8 @@ fn a_device_being_formatted_is_refused_until_its_format_ends() {
             let bits = status.lines().find_map(|l| l.strip_prefix(set)).unwrap().trim();
             assert_eq!(u64::from_str_radix(bits, 16).unwrap(), 0, "mkfs runs with {set} {bits}");
         }
+        let seccomp = status.lines().find_map(|l| l.strip_prefix("Seccomp:")).unwrap().trim();
+        assert_eq!(seccomp, "2", "mkfs runs without the tools' seccomp filter");
         let in_progress = |result: &Result<Reply, ClientError>| {
             matches!(result, Err(ClientError::Helper(HelperError::InProgress { .. })))
         };

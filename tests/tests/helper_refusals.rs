@@ -189,7 +189,7 @@ fn refuses_without_loop_permission_and_never_reformats() {
         .spawn()
         .unwrap();
     ebs_csi_tests::wait_until("socket", std::time::Duration::from_secs(10), || {
-        ebs_csi_tests::is_ready(&socket)
+        ebs_csi_tests::is_ready(&socket, no_loop.id())
     });
     let mounts = mounts_under(sandbox.path());
     let result = run_as(AGENT_UID, {

@@ -38,7 +38,7 @@ fn serves_a_systemd_activated_socket() {
         .spawn()
         .unwrap();
     wait_until("the activation socket", Duration::from_secs(10), || {
-        ebs_csi_tests::is_ready(&socket)
+        ebs_csi_tests::is_ready(&socket, activator.id())
     });
     std::fs::set_permissions(&socket, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
     let reply = run_as(AGENT_UID, {

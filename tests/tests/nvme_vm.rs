@@ -20,12 +20,14 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use ebs_csi_tests::loopdev::run;
+
 /// The disks the VM boots with (the guest expects the same serials).
 const BOOT_SERIALS: [&str; 3] = ["vol0aaaaaaaaaaaaaaa1", "vol0bbbbbbbbbbbbbbb2", "vol0ccccccccccccccc3"];
 /// Size of every disk, in MiB (xfs needs 300 MiB at least).
 const DISK_MIB: u64 = 512;
 /// PCIe root ports left free for hot-plugged disks.
-const HOTPLUG_PORTS: usize = 7;
+const HOTPLUG_PORTS: usize = 8;
 /// The whole suite's time limit.
 const SUITE_LIMIT: Duration = Duration::from_secs(150);
 
@@ -135,6 +137,7 @@ fn nvme_scenarios_in_a_vm() {
     });
     let mut qmp = Qmp::connect(&qmp_socket);
     let (start, mut ports, mut scenarios, mut transcript) = (Instant::now(), 0..HOTPLUG_PORTS, Vec::new(), Vec::new());
+    let mut unreadable = Vec::new();
     let status = loop {
         let line = match console.recv_timeout(SUITE_LIMIT.saturating_sub(start.elapsed())) {
             Ok(line) => line,
@@ -148,20 +151,34 @@ fn nvme_scenarios_in_a_vm() {
         match words.as_slice() {
             ["@@PLUG", id, serial, contents @ ..] => {
                 let image = disk(dir.path(), id);
-                if contents == ["data"] {
-                    // A volume that holds data: a pattern over its first MiB.
-                    let pattern = ebs_csi_tests::data_pattern(1 << 20);
-                    std::fs::OpenOptions::new()
-                        .write(true)
-                        .open(&image)
-                        .unwrap()
-                        .write_all(&pattern)
-                        .unwrap();
-                }
+                let file = format!(r#"{{"driver":"file","filename":"{}"}}"#, image.display());
+                let file = match contents {
+                    ["data"] => {
+                        // A volume that holds data: a pattern over its first MiB.
+                        let pattern = ebs_csi_tests::data_pattern(1 << 20);
+                        std::fs::OpenOptions::new()
+                            .write(true)
+                            .open(&image)
+                            .unwrap()
+                            .write_all(&pattern)
+                            .unwrap();
+                        file
+                    }
+                    ["ext4-eio"] => {
+                        // An ext4 volume whose reads covering sector 0 fail
+                        // with EIO (QEMU's blkdebug, on the reads the raw
+                        // format driver makes: its read_aio event).
+                        run("mkfs.ext4", &["-q", "-F", &image.to_string_lossy()]);
+                        unreadable.push((image.clone(), uuid(&image)));
+                        format!(
+                            r#"{{"driver":"blkdebug","image":{file},"inject-error":[{{"event":"read_aio","errno":5,"sector":0}}]}}"#
+                        )
+                    }
+                    _ => file,
+                };
                 let port = ports.next().expect("a free root port");
                 qmp.execute(&format!(
-                    r#"{{"execute":"blockdev-add","arguments":{{"driver":"raw","node-name":"{id}","file":{{"driver":"file","filename":"{}"}}}}}}"#,
-                    image.display()
+                    r#"{{"execute":"blockdev-add","arguments":{{"driver":"raw","node-name":"{id}","file":{file}}}}}"#
                 ));
                 qmp.execute(&format!(
                     r#"{{"execute":"device_add","arguments":{{"driver":"nvme","id":"{id}","drive":"{id}","serial":"{serial}","bus":"port{port}"}}}}"#
@@ -180,11 +197,26 @@ fn nvme_scenarios_in_a_vm() {
     scenarios.push(format!("VM suite: {:.1} s", start.elapsed().as_secs_f64()));
     std::fs::write(vm_dir.join("report.txt"), scenarios.join("\n") + "\n").unwrap();
     assert_eq!(status, 0, "a scenario failed; console:\n{}", transcript.join("\n"));
-    for n in 1..=6 {
+    for n in 1..=7 {
         assert!(
             scenarios.iter().any(|s| s.starts_with(&format!("@@SCENARIO {n} ok"))),
             "scenario {n} did not report; console:\n{}",
             transcript.join("\n")
         );
     }
+    for (image, before) in unreadable {
+        assert_eq!(
+            uuid(&image),
+            before,
+            "the unreadable volume {} was formatted",
+            image.display()
+        );
+    }
+}
+
+/// The UUID of the filesystem in an image file (`blkid -p`).
+fn uuid(image: &Path) -> String {
+    run("blkid", &["-p", "-s", "UUID", "-o", "value", &image.to_string_lossy()])
+        .trim()
+        .to_owned()
 }

@@ -3,7 +3,7 @@
 //!
 //! The VM boots with three emulated NVMe disks whose serials are EBS-style
 //! (`BOOT_VOLUMES`); more are hot-plugged on request. The guest talks to
-//! the host over its console: it prints `@@PLUG <id> <serial> [data]` and
+//! the host over its console: it prints `@@PLUG <id> <serial> [data|ext4-eio]` and
 //! `@@UNPLUG <id>` for the host to act on through QMP, and one
 //! `@@SCENARIO <n> ok: …` line per scenario. Any failure panics, which
 //! `/init` reports as a non-zero `@@EXIT`.
@@ -54,6 +54,7 @@ async fn main() {
     hot_unplug_while_staged(&mut node, &staged).await;
     refuses_other_devices();
     a_disk_replaced_while_its_format_waits();
+    an_unreadable_disk_is_never_blank();
     for child in [&mut agent, &mut helper] {
         let _ = child.kill();
         let _ = child.wait();
@@ -290,6 +291,33 @@ fn a_disk_replaced_while_its_format_waits() {
     );
 }
 
+/// 7. A disk holding ext4 whose reads of its first sectors fail (EIO,
+///    injected by QEMU): blkid cannot see the filesystem, so it must not
+///    count as blank. The Stage is refused, nothing is mounted, and the
+///    host checks afterwards that the filesystem is still the same.
+fn an_unreadable_disk_is_never_blank() {
+    let volume = "vol-07777777777777777";
+    println!("@@PLUG hp7 {} ext4-eio", serial(volume));
+    let (_, device) = wait_for_disk(&serial(volume), Duration::from_secs(10)).unwrap();
+    let staging = make_staging(volume);
+    let request = stage_request(volume, &device, &staging, FsType::Ext4, &[]);
+    let answer = run_as(AGENT_UID, || {
+        HelperClient::new(PathBuf::from(HELPER_SOCKET), Duration::from_secs(120)).call(request)
+    });
+    // blkid answers "nothing found" for what it cannot read; the helper's
+    // own read of the first MiB is what refuses.
+    let expected = HelperError::System {
+        operation: "proving the device blank".into(),
+        detail: "reading byte 0: Input/output error (os error 5)".into(),
+    };
+    assert!(
+        matches!(&answer, Err(ClientError::Helper(e)) if *e == expected),
+        "{answer:?}"
+    );
+    assert_eq!(mounted_device(&staging), None);
+    report(7, &format!("{volume} with sector 0 unreadable: {expected}"));
+}
+
 fn first_mib(device: &Path) -> Vec<u8> {
     use std::io::Read;
     let mut bytes = vec![0u8; 1 << 20];
@@ -339,7 +367,7 @@ fn start_helper(socket: &str, identity: &[&str]) -> Child {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    wait_for_socket(Path::new(socket));
+    wait_for_socket(Path::new(socket), child.id());
     child
 }
 
@@ -361,15 +389,15 @@ fn start_agent() -> Child {
         .gid(AGENT_UID)
         .spawn()
         .unwrap();
-    wait_for_socket(Path::new(CSI_SOCKET));
+    wait_for_socket(Path::new(CSI_SOCKET), child.id());
     child
 }
 
-/// Waits until the socket at `path` listens (not merely exists: see
-/// [`ebs_csi_tests::is_ready`]).
-fn wait_for_socket(path: &Path) {
+/// Waits until `server` listens on the socket at `path` (not merely that
+/// the file exists: see [`ebs_csi_tests::is_ready`]).
+fn wait_for_socket(path: &Path, server: u32) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !ebs_csi_tests::is_ready(path) {
+    while !ebs_csi_tests::is_ready(path, server) {
         assert!(Instant::now() < deadline, "{} never listened", path.display());
         std::thread::sleep(Duration::from_millis(10));
     }
