@@ -24,10 +24,10 @@ IMAGE_DIR := target/image
 IMAGE_PACKAGES := buildah podman runc
 
 # The NVMe test VM (tests/tests/nvme_vm.rs): QEMU, Debian's cloud kernel
-# (NVMe and PCI hot-plug built in; xfs as a module) unpacked from its
+# (NVMe and PCI hot-plug built in; xfs and device-mapper as modules) unpacked from its
 # package without installing it, and an initramfs of static binaries.
 VM_DIR := target/vm
-VM_PACKAGES := qemu-system-x86 busybox-static cpio
+VM_PACKAGES := qemu-system-x86 busybox-static cpio dmsetup
 KERNEL_PACKAGE := linux-image-cloud-amd64
 
 # make install: PREFIX and DESTDIR as usual; PROFILE=dev installs the
@@ -149,7 +149,8 @@ $(VM_DIR)/vmlinuz: | vm-deps
 	  pkg=$$(apt-cache depends $(KERNEL_PACKAGE) | sed -n 's/^ *Depends: \(linux-image-.*\)$$/\1/p' | head -n1) && \
 	  { apt-get download $$pkg 2>/dev/null || { apt-get update -qq && apt-get download $$pkg; }; } && \
 	  dpkg-deb --fsys-tarfile $${pkg}_*.deb | \
-	    tar -x --wildcards './boot/vmlinuz-*' '*/kernel/fs/xfs/xfs.ko' '*/kernel/lib/libcrc32c.ko'
+	    tar -x --wildcards './boot/vmlinuz-*' '*/kernel/fs/xfs/xfs.ko' '*/kernel/lib/libcrc32c.ko' \
+	      '*/kernel/drivers/md/dm-mod.ko'
 	find $(VM_DIR)/kernel -name '*.ko' -exec cp {} $(VM_DIR)/modules/ \;
 	cp $(VM_DIR)/kernel/boot/vmlinuz-* $@.part && mv $@.part $@
 	rm -rf $(VM_DIR)/kernel

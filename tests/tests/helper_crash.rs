@@ -1,8 +1,9 @@
-//! The helper killed (`SIGKILL`) at each step of Stage and Expand, over
-//! loop devices: its tool dies with it, a retry through a new helper
-//! succeeds, no device is formatted twice, and data written before the
-//! crash is intact. Runs per step: `EBS_CSI_CRASH_RUNS` (20 by default, as
-//! in `make test`; `make crash` runs 100).
+//! The helper killed (`SIGKILL`) at each step of Stage and Expand, and the
+//! agent killed while the helper formats, over loop devices: a helper's
+//! tool dies with it, a retry through a new helper or agent succeeds, no
+//! device is formatted twice, and data written before the crash is intact.
+//! Runs per step: `EBS_CSI_CRASH_RUNS` (20 by default, as in `make test`;
+//! `make crash` runs 100).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -16,10 +17,14 @@ use std::time::Duration;
 use ebs_csi_helper_proto::{
     ClientError, ExpandRequest, FsType, HelperClient, Reply, Request, UnstageRequest, VolumeId,
 };
+use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
+use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use ebs_csi_proto::v1::{NodeStageVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability};
 use ebs_csi_tests::children::{exited, first_child_named};
 use ebs_csi_tests::loopdev::run;
 use ebs_csi_tests::{
-    AGENT_UID, Helper, LoopVolume, Sandbox, is_mounted, mounts_under, require_root, run_as, stage_request, wait_until,
+    AGENT_UID, Agent, Helper, LoopVolume, Sandbox, is_mounted, mounts_under, require_root, run_as, stage_request,
+    wait_until,
 };
 use rustix::process::{Pid, Signal, kill_process};
 
@@ -164,4 +169,79 @@ fn a_helper_killed_at_any_step_leaves_a_retry_that_works() {
         }
         eprintln!("{step:?}: {runs} runs, each retried successfully with no second format and data intact");
     }
+}
+
+/// The agent killed while the helper formats its volume: the helper
+/// finishes on its own; NodeStage retried through a new agent is ABORTED
+/// while the format still runs (CSI: an operation pending for the volume)
+/// and succeeds once it is done, with the one filesystem the first call made.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_killed_mid_stage_leaves_a_retry_that_works() {
+    if !require_root() {
+        return;
+    }
+    let runs = runs();
+    for _ in 0..runs {
+        let sandbox = Sandbox::new();
+        let helper = Helper::start(&sandbox, &[]);
+        let volume = LoopVolume::create(sandbox.path(), VOLUME, 320);
+        sandbox.link_ebs_device(&volume);
+        let staging = sandbox.mkdir("kubelet/plugins/kubernetes.io/csi/ebs.csi.aws.com/staging");
+        let request = NodeStageVolumeRequest {
+            volume_id: VOLUME.into(),
+            staging_target_path: staging.to_string_lossy().into_owned(),
+            volume_capability: Some(VolumeCapability {
+                access_mode: Some(AccessMode {
+                    mode: Mode::SingleNodeWriter as i32,
+                }),
+                access_type: Some(AccessType::Mount(MountVolume {
+                    fs_type: "ext4".into(),
+                    ..Default::default()
+                })),
+            }),
+            ..Default::default()
+        };
+        let agent = Agent::start(&sandbox, &helper);
+        let mut client = agent.node().await;
+        let first = tokio::spawn({
+            let request = request.clone();
+            async move { client.node_stage_volume(request).await }
+        });
+        let helper_pid = helper.process.pid();
+        let mkfs = tokio::task::spawn_blocking(move || first_child_named(helper_pid, "mkfs", Duration::from_secs(20)))
+            .await
+            .unwrap();
+        signal(mkfs, Signal::STOP);
+        signal(agent.process.pid(), Signal::KILL);
+        drop(agent);
+        assert!(first.await.unwrap().is_err(), "the killed agent answered");
+        let agent = Agent::start(&sandbox, &helper);
+        let mut client = agent.node().await;
+        let pending = client.node_stage_volume(request.clone()).await.unwrap_err();
+        assert_eq!(pending.code(), tonic::Code::Aborted, "{pending:?}");
+        signal(mkfs, Signal::CONT);
+        let staged = staging.clone();
+        tokio::task::spawn_blocking(move || {
+            wait_until("the helper to finish the first stage", Duration::from_secs(20), || {
+                is_mounted(&staged)
+            });
+        })
+        .await
+        .unwrap();
+        client.node_stage_volume(request.clone()).await.unwrap();
+        assert_eq!(mounts_under(sandbox.path()).len(), 1, "mounted more than once");
+        let marker = staging.join("written-after-the-crash");
+        std::fs::write(&marker, "intact").unwrap();
+        let formatted = uuid(&volume.device);
+        let unstage = NodeUnstageVolumeRequest {
+            volume_id: VOLUME.into(),
+            staging_target_path: staging.to_string_lossy().into_owned(),
+        };
+        client.node_unstage_volume(unstage.clone()).await.unwrap();
+        client.node_stage_volume(request).await.unwrap();
+        assert_eq!(uuid(&volume.device), formatted, "formatted twice");
+        assert_eq!(std::fs::read_to_string(&marker).unwrap(), "intact");
+        client.node_unstage_volume(unstage).await.unwrap();
+    }
+    eprintln!("agent killed mid-stage: {runs} runs, each retried successfully with no second format");
 }

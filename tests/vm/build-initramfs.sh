@@ -17,7 +17,7 @@ install -m 0755 "$here/init" "$root/init"
 for b in ebs-csi-agent ebs-csi-helper ebs-csi-vm-guest; do
     install -m 0755 "$bin/$b" "$root/usr/bin/$b"
 done
-for t in blkid mkfs.ext4 mkfs.xfs resize2fs xfs_growfs; do
+for t in blkid mkfs.ext4 mkfs.xfs resize2fs xfs_growfs sfdisk dmsetup; do
     path=$(PATH=/usr/sbin:/sbin:/usr/bin command -v "$t")
     cp -L "$path" "$root/usr/sbin/$t"
     for lib in $(ldd "$path" | awk '/=> \// { print $3 } /^\t\// { print $1 }'); do
@@ -28,6 +28,6 @@ done
 cp /etc/mke2fs.conf "$root/etc/mke2fs.conf"
 echo "nobody:x:65534:65534:nobody:/nonexistent:/bin/false" > "$root/etc/passwd"
 echo "nogroup:x:65534:" > "$root/etc/group"
-cp "$modules/libcrc32c.ko" "$modules/xfs.ko" "$root/lib/modules/"
+cp "$modules/libcrc32c.ko" "$modules/xfs.ko" "$modules/dm-mod.ko" "$root/lib/modules/"
 (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) > "$out"
 echo "built $out"

@@ -18,7 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ebs_csi_helper_proto::{ClientError, ExpandRequest, FsType, HelperClient, HelperError, Request, VolumeId};
+use ebs_csi_helper_proto::{
+    ClientError, ExpandRequest, FsType, HelperClient, HelperError, PublishRequest, PublishSource, Request, VolumeId,
+};
 use ebs_csi_linux::nvme::identify_controller;
 use ebs_csi_proto::v1::node_client::NodeClient;
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
@@ -55,6 +57,7 @@ async fn main() {
     refuses_other_devices();
     a_disk_replaced_while_its_format_waits();
     an_unreadable_disk_is_never_blank();
+    a_disk_whose_partition_is_held_is_in_use();
     for child in [&mut agent, &mut helper] {
         let _ = child.kill();
         let _ = child.wait();
@@ -316,6 +319,69 @@ fn an_unreadable_disk_is_never_blank() {
     );
     assert_eq!(mounted_device(&staging), None);
     report(7, &format!("{volume} with sector 0 unreadable: {expected}"));
+}
+
+/// 8. A partition of a volume's disk held by device-mapper (as LVM or
+///    dm-crypt hold theirs): the disk is in use by the host, so it is
+///    neither published raw nor staged.
+fn a_disk_whose_partition_is_held_is_in_use() {
+    let volume = "vol-08888888888888888";
+    println!("@@PLUG hp8 {}", serial(volume));
+    let (_, device) = wait_for_disk(&serial(volume), Duration::from_secs(10)).unwrap();
+    let mut sfdisk = Command::new("/usr/sbin/sfdisk")
+        .arg("-q")
+        .arg(&device)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut sfdisk.stdin.take().unwrap(), b"label: gpt\n,\n").unwrap();
+    assert!(sfdisk.wait().unwrap().success());
+    let name = device.file_name().unwrap().to_string_lossy().into_owned();
+    let sectors_file = format!("/sys/class/block/{name}p1/size");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !Path::new(&sectors_file).exists() {
+        assert!(Instant::now() < deadline, "{name}p1 never appeared");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let sectors = std::fs::read_to_string(&sectors_file).unwrap();
+    let table = format!("0 {} linear /dev/{name}p1 0", sectors.trim());
+    let created = Command::new("/usr/sbin/dmsetup")
+        .args(["--noudevsync", "create", "held", "--table", &table])
+        .status()
+        .unwrap();
+    assert!(created.success(), "dmsetup create");
+    let held = HelperError::DeviceRefused {
+        device: device.display().to_string(),
+        volume_id: volume.to_owned(),
+        reason: ebs_csi_helper::device::Refusal::Held.to_string(),
+    };
+    let target = PathBuf::from(format!("{KUBELET}/pods/held/dev"));
+    let publish = Request::Publish(PublishRequest {
+        target_path: target.display().to_string(),
+        readonly: false,
+        source: PublishSource::Device {
+            volume_id: VolumeId::parse(volume).unwrap(),
+            device: device.display().to_string(),
+        },
+    });
+    let stage = stage_request(volume, &device, &make_staging(volume), FsType::Ext4, &[]);
+    for request in [publish, stage] {
+        let answer = run_as(AGENT_UID, || {
+            HelperClient::new(PathBuf::from(HELPER_SOCKET), Duration::from_secs(30)).call(request)
+        });
+        assert!(
+            matches!(&answer, Err(ClientError::Helper(e)) if *e == held),
+            "{answer:?}"
+        );
+    }
+    assert!(!target.exists());
+    assert_eq!(mounted_device(&make_staging(volume)), None);
+    let removed = Command::new("/usr/sbin/dmsetup")
+        .args(["--noudevsync", "remove", "held"])
+        .status()
+        .unwrap();
+    assert!(removed.success(), "dmsetup remove");
+    report(8, &format!("{volume}: its partition held by device-mapper: {held}"));
 }
 
 fn first_mib(device: &Path) -> Vec<u8> {
