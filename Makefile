@@ -111,7 +111,8 @@ FUZZ := cd fuzz && CARGO_TARGET_DIR=$(abspath $(TARGET_DIR))/fuzz RUSTC_BOOTSTRA
 fuzz-tools:
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install --quiet --locked cargo-fuzz
 
-## crash: the helper killed at each step of Stage and Expand, 100 runs a step
+## crash: the helper killed at each step of Stage, Publish and Expand, and the
+## agent mid-stage, 100 runs a step
 ## (make test runs 20; tests/tests/helper_crash.rs).
 crash: deps
 	$(CARGO) build --workspace --bins

@@ -1,4 +1,4 @@
-//! The helper killed (`SIGKILL`) at each step of Stage and Expand, and the
+//! The helper killed (`SIGKILL`) at each step of Stage, Publish and Expand, and the
 //! agent killed while the helper formats, over loop devices: a helper's
 //! tool dies with it, a retry through a new helper or agent succeeds, no
 //! device is formatted twice, and data written before the crash is intact.
@@ -15,7 +15,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ebs_csi_helper_proto::{
-    ClientError, ExpandRequest, FsType, HelperClient, Reply, Request, UnstageRequest, VolumeId,
+    ClientError, ExpandRequest, FsType, HelperClient, PublishRequest, PublishSource, Reply, Request, UnpublishRequest,
+    UnstageRequest, VolumeId,
 };
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume};
@@ -39,6 +40,8 @@ enum Step {
     AfterMkfs,
     /// While `xfs_growfs` runs on a staged volume holding data.
     DuringGrowth,
+    /// After Stage mounted the volume, before Publish binds it.
+    BetweenMountAndBind,
 }
 
 fn runs() -> usize {
@@ -52,14 +55,17 @@ fn signal(pid: u32, signal: Signal) {
     let _ = kill_process(Pid::from_raw(i32::try_from(pid).unwrap()).unwrap(), signal);
 }
 
-/// Kills `helper` and waits until its tool `tool` (a pid) has died too.
-fn crash(helper: Helper, tool: u32) {
+/// Kills `helper` and waits until its running `tool` (a pid), if any, has
+/// died too.
+fn crash(helper: Helper, tool: Option<u32>) {
     signal(helper.process.pid(), Signal::KILL);
     let socket = helper.socket.clone();
     drop(helper);
-    wait_until("the tool to die with the helper", Duration::from_secs(10), || {
-        exited(tool)
-    });
+    if let Some(tool) = tool {
+        wait_until("the tool to die with the helper", Duration::from_secs(10), || {
+            exited(tool)
+        });
+    }
     std::fs::remove_file(socket).unwrap();
 }
 
@@ -108,7 +114,7 @@ fn crash_at(step: Step) {
             } else {
                 wait_until("mkfs to exit", Duration::from_secs(20), || exited(mkfs));
             }
-            crash(helper, mkfs);
+            crash(helper, Some(mkfs));
             // The stage either failed with the helper or had mounted.
             let _ = call.join().unwrap();
             Helper::start(&sandbox, &[])
@@ -125,11 +131,36 @@ fn crash_at(step: Step) {
             let call = in_background(&helper, expand.clone());
             let growfs = first_child_named(helper.process.pid(), "xfs_growfs", Duration::from_secs(20));
             signal(growfs, Signal::STOP);
-            crash(helper, growfs);
+            crash(helper, Some(growfs));
             let _ = call.join().unwrap();
             let helper = Helper::start(&sandbox, &[]);
             let grown = helper.call(expand).unwrap();
             assert_eq!(grown, Reply::Expanded { size_bytes: 640 << 20 });
+            helper
+        }
+        Step::BetweenMountAndBind => {
+            assert_eq!(helper.call(stage.clone()).unwrap(), Reply::Done);
+            std::fs::write(&marker, "intact").unwrap();
+            crash(helper, None);
+            let helper = Helper::start(&sandbox, &[]);
+            let target = sandbox.kubelet().join("pods/p/volumes/kubernetes.io~csi/pv/mount");
+            let publish = Request::Publish(PublishRequest {
+                target_path: target.to_string_lossy().into_owned(),
+                readonly: false,
+                source: PublishSource::Staging {
+                    volume_id: VolumeId::parse(VOLUME).unwrap(),
+                    device: volume.device.to_string_lossy().into_owned(),
+                    staging_path: staging.to_string_lossy().into_owned(),
+                    mount_flags: vec![],
+                },
+            });
+            assert_eq!(helper.call(publish).unwrap(), Reply::Done);
+            let published = std::fs::read_to_string(target.join("written-before-the-crash")).unwrap();
+            assert_eq!(published, "intact");
+            let unpublish = Request::Unpublish(UnpublishRequest {
+                target_path: target.to_string_lossy().into_owned(),
+            });
+            assert_eq!(helper.call(unpublish).unwrap(), Reply::Done);
             helper
         }
     };
@@ -141,7 +172,7 @@ fn crash_at(step: Step) {
         1,
         "{step:?}: mounted more than once"
     );
-    if !matches!(step, Step::DuringGrowth) {
+    if matches!(step, Step::DuringMkfs | Step::AfterMkfs) {
         std::fs::write(&marker, "intact").unwrap();
     }
     // Staged again from scratch: the same filesystem, not a new one.
@@ -163,7 +194,12 @@ fn a_helper_killed_at_any_step_leaves_a_retry_that_works() {
         return;
     }
     let runs = runs();
-    for step in [Step::DuringMkfs, Step::AfterMkfs, Step::DuringGrowth] {
+    for step in [
+        Step::DuringMkfs,
+        Step::AfterMkfs,
+        Step::DuringGrowth,
+        Step::BetweenMountAndBind,
+    ] {
         for _ in 0..runs {
             crash_at(step);
         }
