@@ -37,7 +37,10 @@ impl Identity for IdentityService {
         &self,
         _: Request<GetPluginCapabilitiesRequest>,
     ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
+        // The plugin's, as the Go driver's node reports them: conformance
+        // tools and orchestrators read them from the node socket too.
         Ok(Response::new(endpoint::plugin_capabilities(&[
+            service::Type::ControllerService,
             service::Type::VolumeAccessibilityConstraints,
         ])))
     }

@@ -100,7 +100,7 @@ impl NodeService {
     }
 
     async fn unstage(&self, r: NodeUnstageVolumeRequest) -> Result<NodeUnstageVolumeResponse, NodeError> {
-        let volume_id = request::volume_id(&r.volume_id)?;
+        let volume_id = request::existing_volume_id(&r.volume_id)?;
         let staging_path = request::required_path("staging_target_path", &r.staging_target_path)?;
         let _guard = self.guard(&volume_id)?;
         tracing::info!(%volume_id, staging_path, "unstaging");
@@ -150,7 +150,7 @@ impl NodeService {
     }
 
     async fn unpublish(&self, r: NodeUnpublishVolumeRequest) -> Result<NodeUnpublishVolumeResponse, NodeError> {
-        let volume_id = request::volume_id(&r.volume_id)?;
+        let volume_id = request::existing_volume_id(&r.volume_id)?;
         let target_path = request::required_path("target_path", &r.target_path)?;
         let _guard = self.guard(&volume_id)?;
         tracing::info!(%volume_id, target_path, "unpublishing");
@@ -163,7 +163,7 @@ impl NodeService {
     }
 
     async fn volume_stats(&self, r: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse, NodeError> {
-        request::volume_id(&r.volume_id)?;
+        request::existing_volume_id(&r.volume_id)?;
         request::required_path("volume_path", &r.volume_path)?;
         let sys_dir = self.finder.sys_dir().to_owned();
         tokio::task::spawn_blocking(move || stats::volume_stats(&r.volume_path, Some(&r.staging_target_path), &sys_dir))
@@ -172,7 +172,7 @@ impl NodeService {
     }
 
     async fn expand(&self, r: NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse, NodeError> {
-        let volume_id = request::volume_id(&r.volume_id)?;
+        let volume_id = request::existing_volume_id(&r.volume_id)?;
         let volume_path = request::required_path("volume_path", &r.volume_path)?;
         let access = r
             .volume_capability

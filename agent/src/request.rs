@@ -1,5 +1,6 @@
 //! Conversion of CSI request fields to validated types, before any side
-//! effect. Every failure is INVALID_ARGUMENT.
+//! effect. Every failure is INVALID_ARGUMENT, except a volume id that
+//! cannot exist where the volume must ([`existing_volume_id`]: NOT_FOUND).
 
 use std::collections::HashMap;
 
@@ -37,6 +38,24 @@ pub fn volume_id(id: &str) -> Result<VolumeId, NodeError> {
         return Err(NodeError::InvalidArgument("volume_id is required".into()));
     }
     VolumeId::parse(id).map_err(|e| NodeError::InvalidArgument(e.to_string()))
+}
+
+/// Parses the volume id of a request about a volume that must exist on
+/// this node (NodeUnstage, NodeUnpublish, NodeGetVolumeStats,
+/// NodeExpandVolume): an id that names no EBS volume names no volume at
+/// all, which the CSI spec answers with NOT_FOUND (csi-spec.md, the
+/// "Errors" table of each of these RPCs: "Volume does not exist").
+///
+/// # Errors
+/// INVALID_ARGUMENT when it is empty, NOT_FOUND when it is not an EBS
+/// volume id.
+pub fn existing_volume_id(id: &str) -> Result<VolumeId, NodeError> {
+    match volume_id(id) {
+        Err(NodeError::InvalidArgument(_)) if !id.is_empty() => {
+            Err(NodeError::NotFound(format!("volume {id:?}: not an EBS volume id")))
+        }
+        other => other,
+    }
 }
 
 /// Requires a non-empty path field.
@@ -176,5 +195,19 @@ mod tests {
         let bad: HashMap<String, String> = [("blocksize".to_owned(), "4k".to_owned())].into();
         assert!(format_options(&bad).is_err());
         assert!(volume_id("").is_err() && volume_id("vol-xyz").is_err());
+    }
+
+    #[test]
+    fn a_volume_that_cannot_exist_is_not_found() {
+        assert!(matches!(existing_volume_id(""), Err(NodeError::InvalidArgument(_))));
+        assert!(matches!(
+            existing_volume_id("fake-vol-id"),
+            Err(NodeError::NotFound(m)) if m == "volume \"fake-vol-id\": not an EBS volume id"
+        ));
+        assert_eq!(
+            existing_volume_id("vol-0123456789abcdef0").unwrap().as_str(),
+            "vol-0123456789abcdef0"
+        );
+        assert!(matches!(volume_id("fake-vol-id"), Err(NodeError::InvalidArgument(_))));
     }
 }

@@ -595,6 +595,54 @@ async fn invalid_requests_change_nothing() {
     assert!(!node.target.exists() || !is_mounted(&node.target));
 }
 
+/// A volume id that names no EBS volume names no volume: NOT_FOUND from the
+/// RPCs about a volume that must exist here (CSI spec, their "Errors"
+/// tables); an empty one is still INVALID_ARGUMENT.
+#[tokio::test(flavor = "multi_thread")]
+async fn volumes_that_cannot_exist_are_not_found() {
+    if !require_root() {
+        return;
+    }
+    let mut node = Node::start().await;
+    let (staging, target) = (path(&node.staging), path(&node.target));
+    for (volume_id, code) in [("fake-vol-id", Code::NotFound), ("", Code::InvalidArgument)] {
+        let codes = [
+            node.client
+                .node_unstage_volume(NodeUnstageVolumeRequest {
+                    volume_id: volume_id.into(),
+                    staging_target_path: staging.clone(),
+                })
+                .await
+                .map(drop),
+            node.client
+                .node_unpublish_volume(NodeUnpublishVolumeRequest {
+                    volume_id: volume_id.into(),
+                    target_path: target.clone(),
+                })
+                .await
+                .map(drop),
+            node.client
+                .node_get_volume_stats(NodeGetVolumeStatsRequest {
+                    volume_id: volume_id.into(),
+                    volume_path: staging.clone(),
+                    ..Default::default()
+                })
+                .await
+                .map(drop),
+            node.client
+                .node_expand_volume(NodeExpandVolumeRequest {
+                    volume_id: volume_id.into(),
+                    volume_path: staging.clone(),
+                    ..Default::default()
+                })
+                .await
+                .map(drop),
+        ]
+        .map(|result| result.unwrap_err().code());
+        assert_eq!(codes, [code; 4], "volume id {volume_id:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn identity_and_node_info() {
     if !require_root() {
@@ -614,6 +662,23 @@ async fn identity_and_node_info() {
         identity.probe(ProbeRequest {}).await.unwrap().into_inner().ready,
         Some(true)
     );
+    let services: Vec<i32> = identity
+        .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities
+        .into_iter()
+        .filter_map(|c| match c.r#type {
+            Some(plugin_capability::Type::Service(s)) => Some(s.r#type),
+            _ => None,
+        })
+        .collect();
+    let like_the_go_driver = [
+        plugin_capability::service::Type::ControllerService as i32,
+        plugin_capability::service::Type::VolumeAccessibilityConstraints as i32,
+    ];
+    assert_eq!(services, like_the_go_driver, "the node's plugin capabilities");
     let mut client = node.client.clone();
     let info = client.node_get_info(NodeGetInfoRequest {}).await.unwrap().into_inner();
     assert_eq!(info.node_id, "i-0123456789abcdef0");
