@@ -12,6 +12,7 @@ mod request;
 mod server;
 mod stats;
 
+use ebs_csi_proto::endpoint::LoggingFormat;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -64,6 +65,9 @@ struct Args {
     /// The sysfs mount.
     #[arg(long, default_value = "/sys")]
     sys_dir: PathBuf,
+    /// Log format: `text` (plain lines) or `json` (one object per line).
+    #[arg(long, default_value = "text", value_parser = LoggingFormat::parse)]
+    logging_format: LoggingFormat,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -77,7 +81,7 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    ebs_csi_proto::endpoint::init_logging();
+    ebs_csi_proto::endpoint::init_logging(args.logging_format);
     if let Some(Command::Devices) = args.command {
         print!("{}", devices::table(&devices::list(&args.sys_dir, &args.dev_dir)));
         return Ok(());

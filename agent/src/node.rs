@@ -2,7 +2,7 @@
 //! finds the device if it needs one, and asks the helper for the change.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ebs_csi_helper_proto::{
     ExpandRequest, PublishRequest, PublishSource, Reply, Request as HelperRequest, StageRequest, UnpublishRequest,
@@ -210,6 +210,29 @@ impl NodeService {
     }
 }
 
+/// Runs one node RPC and logs its outcome: every failure at warn, with its
+/// gRPC code and cause; a `mutating` RPC that succeeds once at info. Both
+/// carry the volume id and the latency in milliseconds. Request strings
+/// are logged escaped (`Debug`).
+async fn observed<T>(
+    rpc: &'static str,
+    volume_id: &str,
+    mutating: bool,
+    call: impl Future<Output = Result<T, NodeError>>,
+) -> Result<Response<T>, Status> {
+    let started = Instant::now();
+    let result = call.await.map_err(Status::from);
+    let latency_ms = started.elapsed().as_millis();
+    match &result {
+        Err(status) => {
+            tracing::warn!(rpc, ?volume_id, code = ?status.code(), cause = ?status.message(), latency_ms, "failed");
+        }
+        Ok(_) if mutating => tracing::info!(rpc, ?volume_id, latency_ms, "done"),
+        Ok(_) => {}
+    }
+    result.map(Response::new)
+}
+
 fn device_path(publish_context: &HashMap<String, String>) -> Option<&str> {
     publish_context.get(DEVICE_PATH_KEY).map(String::as_str)
 }
@@ -220,42 +243,54 @@ impl Node for NodeService {
         &self,
         r: Request<NodeStageVolumeRequest>,
     ) -> Result<Response<NodeStageVolumeResponse>, Status> {
-        Ok(Response::new(self.stage(r.into_inner()).await?))
+        let r = r.into_inner();
+        let volume_id = r.volume_id.clone();
+        observed("NodeStageVolume", &volume_id, true, self.stage(r)).await
     }
 
     async fn node_unstage_volume(
         &self,
         r: Request<NodeUnstageVolumeRequest>,
     ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
-        Ok(Response::new(self.unstage(r.into_inner()).await?))
+        let r = r.into_inner();
+        let volume_id = r.volume_id.clone();
+        observed("NodeUnstageVolume", &volume_id, true, self.unstage(r)).await
     }
 
     async fn node_publish_volume(
         &self,
         r: Request<NodePublishVolumeRequest>,
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
-        Ok(Response::new(self.publish(r.into_inner()).await?))
+        let r = r.into_inner();
+        let volume_id = r.volume_id.clone();
+        observed("NodePublishVolume", &volume_id, true, self.publish(r)).await
     }
 
     async fn node_unpublish_volume(
         &self,
         r: Request<NodeUnpublishVolumeRequest>,
     ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
-        Ok(Response::new(self.unpublish(r.into_inner()).await?))
+        let r = r.into_inner();
+        let volume_id = r.volume_id.clone();
+        observed("NodeUnpublishVolume", &volume_id, true, self.unpublish(r)).await
     }
 
     async fn node_get_volume_stats(
         &self,
         r: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
-        Ok(Response::new(self.volume_stats(r.into_inner()).await?))
+        let r = r.into_inner();
+        let volume_id = r.volume_id.clone();
+        observed("NodeGetVolumeStats", &volume_id, false, self.volume_stats(r)).await
     }
 
     async fn node_expand_volume(
         &self,
         r: Request<NodeExpandVolumeRequest>,
     ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
-        Ok(Response::new(self.expand(r.into_inner()).await?))
+        let r = r.into_inner();
+        let volume_id = r.volume_id.clone();
+        observed("NodeExpandVolume", &volume_id, true, self.expand(r)).await
     }
 
     async fn node_get_capabilities(

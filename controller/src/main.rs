@@ -10,6 +10,7 @@ mod service;
 mod tags;
 mod volume_type;
 
+use ebs_csi_proto::endpoint::LoggingFormat;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,6 +57,9 @@ struct Args {
     /// Appended to the SDK's user agent.
     #[arg(long)]
     user_agent_extra: Option<String>,
+    /// Log format: `text` (plain lines) or `json` (one object per line).
+    #[arg(long, default_value = "text", value_parser = LoggingFormat::parse)]
+    logging_format: LoggingFormat,
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:3301).
     #[arg(long)]
     http_endpoint: Option<SocketAddr>,
@@ -79,7 +83,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    ebs_csi_proto::endpoint::init_logging();
+    ebs_csi_proto::endpoint::init_logging(args.logging_format);
     let socket = endpoint::socket_path(&args.endpoint)?;
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
     if let Some(region) = args.region {

@@ -163,6 +163,13 @@ async fn stage_publish_write_and_restage_keeps_data() {
             node.stage(volume_id, cap.clone()).await.unwrap();
             assert!(is_mounted(&node.staging));
         }
+        // Each mutating RPC that succeeds is logged once at info.
+        let log = node.agent.process.log();
+        let done = log
+            .lines()
+            .filter(|l| l.contains("INFO") && l.contains(r#"rpc="NodeStageVolume""#) && l.contains(" done "))
+            .count();
+        assert_eq!(done, 2, "two stages, two info lines:\n{log}");
         assert!(
             volume.signature().contains(&format!("TYPE={fs_type}")),
             "{}",
@@ -641,6 +648,40 @@ async fn volumes_that_cannot_exist_are_not_found() {
         .map(|result| result.unwrap_err().code());
         assert_eq!(codes, [code; 4], "volume id {volume_id:?}");
     }
+    // Every failure is logged at warn with its code and cause.
+    let log = node.agent.process.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains(r#"rpc="NodeUnstageVolume""#) && l.contains("fake-vol-id"))
+        .unwrap_or_else(|| panic!("no warn line for the failed NodeUnstageVolume:\n{log}"));
+    assert!(line.contains("code=NotFound") && line.contains("latency_ms="), "{line}");
+    assert!(!log.contains('\u{1b}'), "terminal colours in a log file");
+    // The same as JSON, one object per line.
+    let json_dir = node.sandbox.mkdir("json");
+    let agent = Agent::spawn_in(
+        &json_dir,
+        &node._helper.socket,
+        &[&Agent::NODE_FLAGS[..], &["--logging-format", "json"]].concat(),
+        &[],
+    );
+    let mut client = agent.node().await;
+    let unstage = NodeUnstageVolumeRequest {
+        volume_id: "fake-vol-id".into(),
+        staging_target_path: staging,
+    };
+    assert_eq!(
+        client.node_unstage_volume(unstage).await.unwrap_err().code(),
+        Code::NotFound
+    );
+    let log = agent.process.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains(r#""rpc":"NodeUnstageVolume""#))
+        .unwrap_or_else(|| panic!("no JSON line for the failed NodeUnstageVolume:\n{log}"));
+    assert!(
+        line.starts_with('{') && line.ends_with('}') && line.contains(r#""code":"NotFound""#),
+        "{line}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

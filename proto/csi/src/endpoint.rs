@@ -83,17 +83,54 @@ pub fn plugin_capabilities(services: &[service::Type]) -> GetPluginCapabilitiesR
     }
 }
 
-/// Logs to stderr at `info`, or as `RUST_LOG` says.
-pub fn init_logging() {
-    tracing_subscriber::fmt()
+/// How log lines are written (`--logging-format`, as the Go driver's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LoggingFormat {
+    /// One line of text per event, fields as `key=value`.
+    #[default]
+    Text,
+    /// One JSON object per line, fields under `fields`.
+    Json,
+}
+
+impl LoggingFormat {
+    /// Parses `text` or `json` (a clap value parser).
+    ///
+    /// # Errors
+    /// A message naming the accepted values.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "text" => Ok(Self::Text),
+            "json" => Ok(Self::Json),
+            other => Err(format!("{other:?} is not a logging format: text or json")),
+        }
+    }
+}
+
+/// Logs to stderr at `info`, or as `RUST_LOG` says, in `format`; text has
+/// terminal colours only when stderr is a terminal (journald and log files
+/// get plain text).
+pub fn init_logging(format: LoggingFormat) {
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LoggingFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LoggingFormat::Json => builder.json().init(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_logging_formats() {
+        assert_eq!(LoggingFormat::parse("text"), Ok(LoggingFormat::Text));
+        assert_eq!(LoggingFormat::parse("json"), Ok(LoggingFormat::Json));
+        assert!(LoggingFormat::parse("JSON").is_err());
+    }
 
     #[test]
     fn parses_unix_endpoints() {
