@@ -161,7 +161,7 @@ impl VerifiedDevice {
     /// [`HelperError::DeviceRefused`] with [`Refusal::Changed`].
     pub fn reverify(&self) -> Result<(), HelperError> {
         let sysfs = sysfs_dir(self.number);
-        let same_disk = open_block_device(&self.path()).is_some_and(|(_, number)| number == self.number)
+        let same_disk = block_node(&self.path()).is_some_and(|(_, number)| number == self.number)
             && sys::disk_sequence(self.fd()).is_ok_and(|seq| seq == self.disk_sequence)
             && sysfs_disk_sequence(&sysfs) == self.disk_sequence
             && kernel_name(&sysfs).as_deref() == Some(self.name.as_str());
@@ -285,12 +285,16 @@ fn refused(device: &str, volume_id: &VolumeId, reason: Refusal) -> HelperError {
 /// inode is opened through its `O_PATH` fd, so no FIFO, tty or watchdog is
 /// ever opened for I/O and nothing can be swapped in between.
 fn open_block_device(device: &str) -> Option<(OwnedFd, DeviceNumber)> {
-    let is_block = |fd: &OwnedFd| {
-        rustix::fs::fstat(fd)
-            .ok()
-            .filter(|st| FileType::from_raw_mode(st.st_mode) == FileType::BlockDevice)
-            .map(|st| (rustix::fs::major(st.st_rdev), rustix::fs::minor(st.st_rdev)))
-    };
+    let (node, number) = block_node(device)?;
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    let file = rustix::fs::openat(rustix::fs::CWD, fd_path(&node).as_str(), flags, Mode::empty()).ok()?;
+    (block_number(&file)? == number).then_some((file, number))
+}
+
+/// The node at `device`, opened `O_PATH` without following any symlink,
+/// and its device number when it is a block device node. Nothing is
+/// opened for I/O.
+fn block_node(device: &str) -> Option<(OwnedFd, DeviceNumber)> {
     let node = rustix::fs::openat2(
         rustix::fs::CWD,
         device,
@@ -299,10 +303,15 @@ fn open_block_device(device: &str) -> Option<(OwnedFd, DeviceNumber)> {
         ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
     )
     .ok()?;
-    let number = is_block(&node)?;
-    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
-    let file = rustix::fs::openat(rustix::fs::CWD, fd_path(&node).as_str(), flags, Mode::empty()).ok()?;
-    (is_block(&file)? == number).then_some((file, number))
+    let number = block_number(&node)?;
+    Some((node, number))
+}
+
+fn block_number(fd: &OwnedFd) -> Option<DeviceNumber> {
+    rustix::fs::fstat(fd)
+        .ok()
+        .filter(|st| FileType::from_raw_mode(st.st_mode) == FileType::BlockDevice)
+        .map(|st| (rustix::fs::major(st.st_rdev), rustix::fs::minor(st.st_rdev)))
 }
 
 /// Step 4, on the open fd.

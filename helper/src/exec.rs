@@ -145,12 +145,17 @@ impl Executor {
         for _ in 0..threads.max(1) {
             let (queue, filter) = (Arc::clone(&queue), Arc::clone(&tool_filter));
             std::thread::Builder::new().name(name.into()).spawn(move || {
+                // A thread cannot give its child what it does not hold (some
+                // sandboxes withhold CAP_SYS_RESOURCE even from root): each
+                // tool gets what it needs of what this thread has.
+                let held = caps::read(None, CapSet::Permitted)
+                    .map_or(0, |set| set.iter().fold(0, |mask, c| mask | c.bitmask()));
                 loop {
                     // The guard is a temporary: the queue is locked only
                     // while taking the next job, not while running it.
                     let next = queue.lock().unwrap_or_else(PoisonError::into_inner).recv();
                     let Ok(job) = next else { break };
-                    let _ = job.reply.send(execute(&job, timeout, &filter));
+                    let _ = job.reply.send(execute(&job, timeout, held, &filter));
                 }
             })?;
         }
@@ -216,7 +221,7 @@ impl Executor {
     }
 }
 
-fn execute(job: &Job, timeout: Duration, tool_filter: &Arc<BpfProgram>) -> Result<Output, HelperError> {
+fn execute(job: &Job, timeout: Duration, held: u64, tool_filter: &Arc<BpfProgram>) -> Result<Output, HelperError> {
     job.device.reverify()?;
     let mut command = Command::new(&job.path);
     command
@@ -227,13 +232,6 @@ fn execute(job: &Job, timeout: Duration, tool_filter: &Arc<BpfProgram>) -> Resul
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    // A thread cannot give its child what it does not hold (some sandboxes
-    // withhold CAP_SYS_RESOURCE even from root): the tool gets what it
-    // needs of what this executor thread has.
-    let held = caps::read(None, CapSet::Permitted)
-        .map_err(|e| system("reading the executor's capabilities", e))?
-        .iter()
-        .fold(0, |mask, c| mask | c.bitmask());
     sys::set_up_tool_child(
         &mut command,
         job.fd3.as_raw_fd(),

@@ -284,22 +284,18 @@ impl Handler {
         };
         let left = rustix::fs::fstat(&fd).map_err(|e| system("fstat", e))?;
         drop(fd);
+        let not_ours = || HelperError::PathRefused {
+            path: target.as_str().to_owned(),
+            reason: NOT_A_MOUNT_POINT.to_owned(),
+        };
         let flags = match FileType::from_raw_mode(left.st_mode) {
             FileType::Directory if left.st_uid == 0 => AtFlags::REMOVEDIR,
             FileType::RegularFile if left.st_uid == 0 && left.st_size == 0 => AtFlags::empty(),
-            _ => {
-                return Err(HelperError::PathRefused {
-                    path: target.as_str().to_owned(),
-                    reason: NOT_A_MOUNT_POINT.to_owned(),
-                });
-            }
+            _ => return Err(not_ours()),
         };
         tracing::info!(target = ?target.as_str(), "remove mount point");
         rustix::fs::unlinkat(&parent, target.name(), flags).map_err(|e| match e {
-            rustix::io::Errno::NOTEMPTY => HelperError::PathRefused {
-                path: target.as_str().to_owned(),
-                reason: NOT_A_MOUNT_POINT.to_owned(),
-            },
+            rustix::io::Errno::NOTEMPTY => not_ours(),
             e => system(format!("removing {}", target.as_str()), e),
         })?;
         Ok(Reply::Done)

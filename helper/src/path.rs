@@ -152,9 +152,8 @@ impl SafePath<'_> {
     /// [`HelperError::PathRefused`] for a symlink, a non-directory or a
     /// mount on the way, [`HelperError::System`] for other errors.
     pub fn open(&self) -> Result<Option<OwnedFd>, HelperError> {
-        let parent = match self.open_parent(false) {
-            Err(HelperError::PathRefused { reason, .. }) if reason == NO_PARENT => return Ok(None),
-            other => other?,
+        let Some(parent) = self.walk_parents(false)? else {
+            return Ok(None);
         };
         match open_beneath(&parent, self.name()) {
             Ok(fd) => Ok(Some(fd)),
@@ -172,11 +171,19 @@ impl SafePath<'_> {
     /// As [`SafePath::open`]; a missing parent without `create` is
     /// [`HelperError::PathRefused`].
     pub fn open_parent(&self, create: bool) -> Result<OwnedFd, HelperError> {
+        self.walk_parents(create)?
+            .ok_or_else(|| self.error(rustix::io::Errno::NOENT.into()))
+    }
+
+    /// The walk of [`SafePath::open_parent`]; `None` when a parent is
+    /// missing and not to be created.
+    fn walk_parents(&self, create: bool) -> Result<Option<OwnedFd>, HelperError> {
         let parents = &self.below[..self.below.len() - 1];
         let mut dir = rustix::io::fcntl_dupfd_cloexec(&self.root.dir, 0).map_err(|e| self.error(e.into()))?;
         for name in parents {
             dir = match open_dir_beneath(&dir, name) {
-                Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+                Err(e) if e.kind() == io::ErrorKind::NotFound && !create => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     match rustix::fs::mkdirat(&dir, name.as_str(), Mode::from_raw_mode(0o755)) {
                         Ok(()) | Err(rustix::io::Errno::EXIST) => {}
                         Err(e) => return Err(self.error(e.into())),
@@ -187,7 +194,7 @@ impl SafePath<'_> {
             }
             .map_err(|e| self.error(e))?;
         }
-        Ok(dir)
+        Ok(Some(dir))
     }
 
     fn error(&self, e: io::Error) -> HelperError {
@@ -195,7 +202,7 @@ impl SafePath<'_> {
             Some(rustix::io::Errno::LOOP) => SYMLINK.to_owned(),
             Some(rustix::io::Errno::XDEV) => CROSSES_MOUNT.to_owned(),
             Some(rustix::io::Errno::NOTDIR) => "a parent component is not a directory".to_owned(),
-            Some(rustix::io::Errno::NOENT) => NO_PARENT.to_owned(),
+            Some(rustix::io::Errno::NOENT) => "a parent directory does not exist".to_owned(),
             _ => {
                 return HelperError::System {
                     operation: format!("resolving {}", self.text),
@@ -217,9 +224,6 @@ pub const CROSSES_MOUNT: &str = "a parent crosses a mount point or leaves its ro
 /// The reason of [`HelperError::PathRefused`] for a symlink anywhere in
 /// the path.
 pub const SYMLINK: &str = "a component is a symlink";
-
-/// The reason of [`HelperError::PathRefused`] for a missing parent.
-const NO_PARENT: &str = "a parent directory does not exist";
 
 /// Opens the directory `name` in `dir` as an `O_PATH` fd like
 /// [`open_beneath`], and refuses it if it is a mount point (`EXDEV`).

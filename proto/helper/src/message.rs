@@ -216,16 +216,18 @@ mod tests {
         bytes
     }
 
+    /// A frame of this version around `request`.
+    fn frame(request: Value) -> Value {
+        Value::Map(vec![
+            (Value::from("version"), Value::from(PROTOCOL_VERSION)),
+            (Value::from("request"), request),
+        ])
+    }
+
     fn unstage_frame(extra: Option<(&str, &str)>) -> Value {
         let mut fields = vec![(Value::from("staging_path"), Value::from("/var/lib/kubelet/x"))];
         fields.extend(extra.map(|(k, v)| (Value::from(k), Value::from(v))));
-        Value::Map(vec![
-            (Value::from("version"), Value::from(PROTOCOL_VERSION)),
-            (
-                Value::from("request"),
-                Value::Map(vec![(Value::from("Unstage"), Value::Map(fields))]),
-            ),
-        ])
+        frame(Value::Map(vec![(Value::from("Unstage"), Value::Map(fields))]))
     }
 
     #[test]
@@ -242,24 +244,15 @@ mod tests {
     #[test]
     fn refuses_unknown_fields_variants_and_bad_volume_ids() {
         let unknown_field = unstage_frame(Some(("lazy", "true")));
-        let unknown_kind = Value::Map(vec![
-            (Value::from("version"), Value::from(PROTOCOL_VERSION)),
-            (Value::from("request"), Value::from("Format")),
-        ]);
-        let bad_volume = Value::Map(vec![
-            (Value::from("version"), Value::from(PROTOCOL_VERSION)),
-            (
-                Value::from("request"),
-                Value::Map(vec![(
-                    Value::from("Expand"),
-                    Value::Map(vec![
-                        (Value::from("volume_id"), Value::from("vol-../../etc")),
-                        (Value::from("device"), Value::from("/dev/nvme1n1")),
-                        (Value::from("volume_path"), Value::from("/var/lib/kubelet/x")),
-                    ]),
-                )]),
-            ),
-        ]);
+        let unknown_kind = frame(Value::from("Format"));
+        let bad_volume = frame(Value::Map(vec![(
+            Value::from("Expand"),
+            Value::Map(vec![
+                (Value::from("volume_id"), Value::from("vol-../../etc")),
+                (Value::from("device"), Value::from("/dev/nvme1n1")),
+                (Value::from("volume_path"), Value::from("/var/lib/kubelet/x")),
+            ]),
+        )]));
         let staging_source = |extra: Option<(&str, bool)>| {
             let mut fields = vec![
                 (Value::from("volume_id"), Value::from("vol-0123456789abcdef0")),
@@ -268,23 +261,17 @@ mod tests {
                 (Value::from("mount_flags"), Value::Array(vec![])),
             ];
             fields.extend(extra.map(|(k, v)| (Value::from(k), Value::from(v))));
-            Value::Map(vec![
-                (Value::from("version"), Value::from(PROTOCOL_VERSION)),
-                (
-                    Value::from("request"),
-                    Value::Map(vec![(
-                        Value::from("Publish"),
-                        Value::Map(vec![
-                            (Value::from("target_path"), Value::from("/var/lib/kubelet/t")),
-                            (Value::from("readonly"), Value::from(false)),
-                            (
-                                Value::from("source"),
-                                Value::Map(vec![(Value::from("Staging"), Value::Map(fields))]),
-                            ),
-                        ]),
-                    )]),
-                ),
-            ])
+            frame(Value::Map(vec![(
+                Value::from("Publish"),
+                Value::Map(vec![
+                    (Value::from("target_path"), Value::from("/var/lib/kubelet/t")),
+                    (Value::from("readonly"), Value::from(false)),
+                    (
+                        Value::from("source"),
+                        Value::Map(vec![(Value::from("Staging"), Value::Map(fields))]),
+                    ),
+                ]),
+            )]))
         };
         decode::<RequestFrame>(&encode(&staging_source(None))).unwrap();
         let unknown_in_variant = staging_source(Some(("recursive", true)));
