@@ -27,8 +27,13 @@ IMAGE_PACKAGES := buildah podman runc
 # (NVMe and PCI hot-plug built in; xfs and device-mapper as modules) unpacked from its
 # package without installing it, and an initramfs of static binaries.
 VM_DIR := target/vm
-VM_PACKAGES := qemu-system-x86 busybox-static cpio dmsetup
+VM_PACKAGES := qemu-system-x86 busybox-static cpio dmsetup mmdebstrap
 KERNEL_PACKAGE := linux-image-cloud-amd64
+# The systemd test VMs (tests/tests/systemd_vm.rs): root disks of these
+# Debian suites (systemd 252 and 257), made by mmdebstrap and cached by the
+# hash of their inputs beside the cargo cache, outside the clone.
+SYSTEMD_SUITES := bookworm trixie
+VM_IMAGE_CACHE := $(TARGET_DIR)/vm-images
 
 # make install: PREFIX and DESTDIR as usual; PROFILE=dev installs the
 # debug build (the tests do, to spare a release build).
@@ -43,7 +48,7 @@ DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
 .PHONY: all build test demo bench bench-smoke crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean \
-	install static image image-deps validate-deploy vm vm-deps
+	install install-files static image image-deps validate-deploy vm vm-deps
 
 all: build
 
@@ -138,20 +143,39 @@ validate-deploy: moto
 ## scenario driver of the NVMe test VM (one build: one feature set).
 static:
 	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --release --target $(STATIC_TARGET) \
-	  $(foreach b,$(BINARIES),-p $(b)) -p ebs-csi-tests $(foreach b,$(BINARIES) ebs-csi-vm-guest,--bin $(b))
+	  $(foreach b,$(BINARIES),-p $(b)) -p ebs-csi-tests $(foreach b,$(BINARIES) ebs-csi-vm-guest ebs-csi-vm-systemd,--bin $(b))
 
-## vm: the kernel and initramfs of the NVMe test VM under target/vm.
+## vm: the kernel and initramfs of the NVMe test VM, the systemd VMs' root
+## disks, and their payload disk (this build's binaries and units), under
+## target/vm.
 vm: vm-deps static $(VM_DIR)/vmlinuz
 	tests/vm/build-initramfs.sh $(STATIC_DIR) $(VM_DIR)/modules $(VM_DIR)/initramfs.gz
+	@mkdir -p $(VM_IMAGE_CACHE)
+	@for suite in $(SYSTEMD_SUITES); do \
+	  key=$$( { cat tests/vm/build-systemd-image.sh tests/vm/ebs-csi-vm-test.service; \
+	    echo $$suite; dpkg-deb -f $(VM_DIR)/kernel.deb Package Version; } | sha256sum | cut -c1-16); \
+	  image=$(VM_IMAGE_CACHE)/$$suite-$$key.img; \
+	  find $(VM_IMAGE_CACHE) -name "$$suite-*.img" ! -path $$image -delete; \
+	  test -f $$image || tests/vm/build-systemd-image.sh $$suite $(VM_DIR)/kernel.deb $$image || exit 1; \
+	  ln -sfn $$(realpath $$image) $(VM_DIR)/systemd-$$suite.img; \
+	done
+	rm -rf $(VM_DIR)/payload $(VM_DIR)/payload.img && mkdir -p $(VM_DIR)/payload
+	$(MAKE) --no-print-directory install-files DESTDIR=$(CURDIR)/$(VM_DIR)/payload/root BIN_SOURCE=$(STATIC_DIR)
+	install -m 0755 tests/vm/systemd-run $(VM_DIR)/payload/run
+	install -m 0755 $(STATIC_DIR)/ebs-csi-vm-systemd $(VM_DIR)/payload/
+	mke2fs -q -t ext4 -L ebs-csi-payload -d $(VM_DIR)/payload $(VM_DIR)/payload.img 512M
 
-$(VM_DIR)/vmlinuz: | vm-deps
-	rm -rf $(VM_DIR)/kernel && mkdir -p $(VM_DIR)/kernel $(VM_DIR)/modules
-	cd $(VM_DIR)/kernel && \
+$(VM_DIR)/kernel.deb: | vm-deps
+	mkdir -p $(VM_DIR)/download
+	cd $(VM_DIR)/download && \
 	  pkg=$$(apt-cache depends $(KERNEL_PACKAGE) | sed -n 's/^ *Depends: \(linux-image-.*\)$$/\1/p' | head -n1) && \
-	  { apt-get download $$pkg 2>/dev/null || { apt-get update -qq && apt-get download $$pkg; }; } && \
-	  dpkg-deb --fsys-tarfile $${pkg}_*.deb | \
-	    tar -x --wildcards './boot/vmlinuz-*' '*/kernel/fs/xfs/xfs.ko' '*/kernel/lib/libcrc32c.ko' \
-	      '*/kernel/drivers/md/dm-mod.ko'
+	  { apt-get download $$pkg 2>/dev/null || { apt-get update -qq && apt-get download $$pkg; }; }
+	mv $(VM_DIR)/download/*.deb $@ && rmdir $(VM_DIR)/download
+
+$(VM_DIR)/vmlinuz: $(VM_DIR)/kernel.deb
+	rm -rf $(VM_DIR)/kernel && mkdir -p $(VM_DIR)/kernel $(VM_DIR)/modules
+	dpkg-deb --fsys-tarfile $< | tar -x -C $(VM_DIR)/kernel --wildcards './boot/vmlinuz-*' \
+	  '*/kernel/fs/xfs/xfs.ko' '*/kernel/lib/libcrc32c.ko' '*/kernel/drivers/md/dm-mod.ko'
 	find $(VM_DIR)/kernel -name '*.ko' -exec cp {} $(VM_DIR)/modules/ \;
 	cp $(VM_DIR)/kernel/boot/vmlinuz-* $@.part && mv $@.part $@
 	rm -rf $(VM_DIR)/kernel
@@ -165,9 +189,15 @@ image: image-deps static
 ## install: binaries, systemd units, udev rule, sysusers.d and tmpfiles.d.
 install:
 	$(CARGO) build --profile $(PROFILE) $(foreach b,$(BINARIES),-p $(b)) --bins
+	$(MAKE) --no-print-directory install-files
+
+## install-files: the same files without building; the binaries come from
+## BIN_SOURCE (the systemd VMs' payload takes the static ones).
+BIN_SOURCE ?= $(PROFILE_DIR)
+install-files:
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(UDEVRULESDIR) \
 	  $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(DOCDIR)
-	install -m 0755 $(foreach b,$(BINARIES),$(PROFILE_DIR)/$(b)) $(DESTDIR)$(BINDIR)/
+	install -m 0755 $(foreach b,$(BINARIES),$(BIN_SOURCE)/$(b)) $(DESTDIR)$(BINDIR)/
 	for u in systemd/*.service systemd/*.socket; do \
 	  sed 's|/usr/bin/|$(BINDIR)/|g' $$u > $(DESTDIR)$(UNITDIR)/$$(basename $$u); \
 	  chmod 0644 $(DESTDIR)$(UNITDIR)/$$(basename $$u); \

@@ -4,9 +4,10 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use ebs_csi_linux::nvme::{self, EBS_MODEL};
+use ebs_csi_helper_proto::VolumeId;
+use ebs_csi_linux::nvme;
 
-use crate::stats;
+use crate::{discovery, stats};
 
 /// One EBS volume seen in sysfs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,33 +25,21 @@ pub struct VisibleVolume {
     pub size_bytes: Option<u64>,
 }
 
-/// Lists the NVMe controllers under `sys_dir/class/nvme` whose model is
-/// EBS's, sorted by volume id.
+/// Lists the NVMe controllers whose serial is an EBS volume's (`vol…`),
+/// sorted by volume id: the disks the node would stage for those volumes
+/// (the same walk, [`discovery::nvme_controllers`]; the helper proves the
+/// rest of the identity before it acts).
 pub fn list(sys_dir: &Path, dev_dir: &Path) -> Vec<VisibleVolume> {
-    let Ok(controllers) = std::fs::read_dir(sys_dir.join("class/nvme")) else {
-        return Vec::new();
-    };
-    let read = |path: &Path| std::fs::read_to_string(path).map(|s| s.trim().to_owned()).ok();
-    let mut volumes: Vec<VisibleVolume> = controllers
-        .flatten()
-        .filter(|c| read(&c.path().join("model")).as_deref() == Some(EBS_MODEL))
+    let mut volumes: Vec<VisibleVolume> = discovery::nvme_controllers(sys_dir)
         .filter_map(|controller| {
-            let serial = read(&controller.path().join("serial"))?;
-            let name = controller.file_name().into_string().ok()?;
-            let namespace = std::fs::read_dir(controller.path())
-                .ok()?
-                .flatten()
-                .filter_map(|e| e.file_name().into_string().ok())
-                .find(|n| n.strip_prefix(&name).is_some_and(|r| r.starts_with('n')));
-            let device = namespace.map(|n| dev_dir.join(n));
-            let requested_device_name = std::fs::File::open(dev_dir.join(&name))
+            let volume_id = VolumeId::from_nvme_serial(&controller.serial)?;
+            let device = controller.namespace.map(|n| dev_dir.join(n));
+            let requested_device_name = std::fs::File::open(dev_dir.join(&controller.name))
                 .ok()
                 .and_then(|f| nvme::identify_controller(&f).ok())
                 .and_then(|id| id.requested_device_name);
             Some(VisibleVolume {
-                volume_id: serial
-                    .strip_prefix("vol")
-                    .map_or_else(|| serial.clone(), |hex| format!("vol-{hex}")),
+                volume_id: volume_id.to_string(),
                 size_bytes: device.as_deref().and_then(|d| stats::block_device_size(d, sys_dir)),
                 device: device.map(|d| d.display().to_string()),
                 requested_device_name,
@@ -86,7 +75,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lists_ebs_controllers_only() {
+    fn lists_controllers_with_volume_serials_only() {
         let dir = tempfile::tempdir().unwrap();
         let sys = dir.path().join("sys/class/nvme");
         for (name, model, serial) in [

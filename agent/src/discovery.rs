@@ -110,20 +110,10 @@ impl DeviceFinder {
     /// `None` while the controller has no namespace yet (hot-plug window)
     /// or its `serial` is not yet readable.
     fn nvme_namespace(&self, serial: &str) -> Option<PathBuf> {
-        let controllers = std::fs::read_dir(self.sys_dir.join("class/nvme")).ok()?;
-        controllers.flatten().find_map(|controller| {
-            let found = std::fs::read_to_string(controller.path().join("serial")).ok()?;
-            if found.trim() != serial {
-                return None;
-            }
-            let controller_name = controller.file_name().into_string().ok()?;
-            let namespace = std::fs::read_dir(controller.path()).ok()?.flatten().find_map(|entry| {
-                let name = entry.file_name().into_string().ok()?;
-                let rest = name.strip_prefix(&controller_name)?.strip_prefix('n')?;
-                rest.bytes().all(|b| b.is_ascii_digit()).then_some(name)
-            })?;
-            Some(self.dev_dir.join(namespace))
-        })
+        let namespace = nvme_controllers(&self.sys_dir)
+            .find(|c| c.serial == serial)?
+            .namespace?;
+        Some(self.dev_dir.join(namespace))
     }
 
     /// An inotify stream over the device tree and its by-id directory;
@@ -149,6 +139,42 @@ fn block_device(candidate: &Path) -> Option<PathBuf> {
     let path = std::fs::canonicalize(candidate).ok()?;
     let stat = rustix::fs::stat(&path).ok()?;
     (FileType::from_raw_mode(stat.st_mode) == FileType::BlockDevice).then_some(path)
+}
+
+/// An NVMe controller as sysfs shows it (`<sys>/class/nvme/nvmeN`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NvmeController {
+    /// The controller's kernel name, e.g. `nvme1`.
+    pub name: String,
+    /// Its serial, trimmed: `vol…` for an EBS volume.
+    pub serial: String,
+    /// Its first namespace's kernel name, e.g. `nvme1n1`; `None` while the
+    /// namespace has not appeared.
+    pub namespace: Option<String>,
+}
+
+/// The NVMe controllers under `sys_dir/class/nvme` whose serial is
+/// readable, in directory order. The node finds a volume's disk, and
+/// `ebs-csi-agent devices` lists the volumes, from this one walk.
+pub fn nvme_controllers(sys_dir: &Path) -> impl Iterator<Item = NvmeController> {
+    std::fs::read_dir(sys_dir.join("class/nvme"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|controller| {
+            let serial = std::fs::read_to_string(controller.path().join("serial")).ok()?;
+            let name = controller.file_name().into_string().ok()?;
+            let namespace = std::fs::read_dir(controller.path()).ok()?.flatten().find_map(|entry| {
+                let entry = entry.file_name().into_string().ok()?;
+                let rest = entry.strip_prefix(&name)?.strip_prefix('n')?;
+                rest.bytes().all(|b| b.is_ascii_digit()).then_some(entry)
+            });
+            Some(NvmeController {
+                serial: serial.trim().to_owned(),
+                name,
+                namespace,
+            })
+        })
 }
 
 #[cfg(test)]

@@ -163,12 +163,10 @@ impl NodeService {
     }
 
     async fn volume_stats(&self, r: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse, NodeError> {
-        request::existing_volume_id(&r.volume_id)?;
+        let volume_id = request::existing_volume_id(&r.volume_id)?;
         request::required_path("volume_path", &r.volume_path)?;
-        let sys_dir = self.finder.sys_dir().to_owned();
-        tokio::task::spawn_blocking(move || stats::volume_stats(&r.volume_path, Some(&r.staging_target_path), &sys_dir))
-            .await
-            .map_err(|e| NodeError::Internal(format!("stats task failed: {e}")))?
+        let staging = Some(r.staging_target_path.as_str());
+        stats::volume_stats(&self.helper, volume_id, &r.volume_path, staging, self.finder.sys_dir()).await
     }
 
     async fn expand(&self, r: NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse, NodeError> {

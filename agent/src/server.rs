@@ -25,21 +25,37 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Serves Identity and Node on `socket` until SIGTERM or SIGINT.
+/// Serves Identity and Node until SIGTERM or SIGINT: on the socket systemd
+/// passes when the agent is socket-activated (`ebs-csi-agent.socket`; systemd
+/// then owns the file), otherwise on `socket`, created here and removed at
+/// exit.
 ///
 /// # Errors
 /// [`ServeError::Listen`] or [`ServeError::Transport`].
 pub async fn serve(socket: &Path, identity: IdentityService, node: NodeService) -> Result<(), ServeError> {
-    let incoming = endpoint::bind(socket).map_err(|source| ServeError::Listen {
+    let listen_error = |source| ServeError::Listen {
         path: socket.to_owned(),
         source,
-    })?;
-    tracing::info!(socket = %socket.display(), "serving CSI Identity and Node");
+    };
+    let activated = ebs_csi_linux::activation::listener_from_systemd().map_err(listen_error)?;
+    let activated_socket = activated.is_some();
+    let incoming = match activated {
+        Some(listener) => {
+            tracing::info!("serving CSI Identity and Node on the socket systemd passed");
+            endpoint::incoming(listener).map_err(listen_error)?
+        }
+        None => {
+            tracing::info!(socket = %socket.display(), "serving CSI Identity and Node");
+            endpoint::bind(socket).map_err(listen_error)?
+        }
+    };
     tonic::transport::Server::builder()
         .add_service(IdentityServer::new(identity))
         .add_service(NodeServer::new(node))
         .serve_with_incoming_shutdown(incoming, endpoint::shutdown_signal())
         .await?;
-    let _ = std::fs::remove_file(socket);
+    if !activated_socket {
+        let _ = std::fs::remove_file(socket);
+    }
     Ok(())
 }

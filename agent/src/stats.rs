@@ -1,59 +1,66 @@
 //! NodeGetVolumeStats: capacity and inode usage, and whether the volume is
 //! still healthy (its mounts and its device still there).
+//!
+//! The agent reads the mount table and sysfs itself; the usage comes from
+//! the helper (a read-only request): kubelet makes every directory above a
+//! volume path root-owned and 0750, so the unprivileged agent cannot stat it.
 
-use std::io;
 use std::path::Path;
 
+use ebs_csi_helper_proto::{
+    ClientError, HelperError, Reply, Request, VolumeId, VolumeStatsRequest, VolumeUsage as Usage,
+};
 use ebs_csi_linux::mountinfo::{self, MountEntry};
 use ebs_csi_proto::v1::volume_usage::Unit;
 use ebs_csi_proto::v1::{NodeGetVolumeStatsResponse, VolumeCondition, VolumeUsage};
-use rustix::fs::FileType;
 
 use crate::error::NodeError;
+use crate::helper::Helper;
 
-/// Reads the usage of the volume at `volume_path` (a target or staging
-/// path) and its condition. Filesystems report bytes and inodes
-/// (statvfs(3)); block volumes report their size in bytes. The condition is
-/// abnormal when `volume_path` or `staging_path` is no longer a mount point
-/// or the device behind it has disappeared (hot-unplug, detach).
+/// The usage of `volume_id` at `volume_path` (a target or staging path)
+/// and its condition. Filesystems report bytes and inodes (statvfs(3), read
+/// by the helper); raw block volumes report their size in bytes. The
+/// condition is abnormal when `staging_path` is no longer a mount point or
+/// the device behind the volume has disappeared (hot-unplug, detach); the
+/// usage is then left out when it cannot be read.
 ///
 /// # Errors
-/// NOT_FOUND when `volume_path` does not exist; INTERNAL when it cannot be
-/// read.
-pub fn volume_stats(
+/// NOT_FOUND when nothing is mounted at `volume_path`, or the helper finds
+/// that what is mounted there is not the volume (CSI spec,
+/// NodeGetVolumeStats: "volume does not exist on specified volume_path");
+/// INTERNAL when the mount table cannot be read; the helper's other errors.
+pub async fn volume_stats(
+    helper: &Helper,
+    volume_id: VolumeId,
     volume_path: &str,
     staging_path: Option<&str>,
     sys_dir: &Path,
 ) -> Result<NodeGetVolumeStatsResponse, NodeError> {
-    let stat = rustix::fs::stat(volume_path).map_err(|e| match io::Error::from(e) {
-        e if e.kind() == io::ErrorKind::NotFound => NodeError::NotFound(volume_path.to_owned()),
-        e if e.kind() == io::ErrorKind::PermissionDenied => NodeError::Internal(format!(
-            "stat {volume_path}: {e}; the agent's user needs search permission on every parent directory"
-        )),
-        e => NodeError::Internal(format!("stat {volume_path}: {e}")),
-    })?;
     let mounts = mountinfo::read().map_err(|e| NodeError::Internal(format!("reading mountinfo: {e}")))?;
     let mounted_at = |path: &str| mounts.iter().rev().find(|m| m.mount_point == path);
-    let is_block = FileType::from_raw_mode(stat.st_mode) == FileType::BlockDevice;
-    let device = if is_block {
-        Some((rustix::fs::major(stat.st_rdev), rustix::fs::minor(stat.st_rdev)))
-    } else {
-        mounted_at(volume_path).map(|m: &MountEntry| (m.major, m.minor))
-    };
-    let device_dir = device.map(|(major, minor)| sys_dir.join(format!("dev/block/{major}:{minor}")));
-    let problem = if mounted_at(volume_path).is_none() {
-        Some(format!("{volume_path} is not mounted"))
-    } else if let Some(staging) = staging_path.filter(|s| !s.is_empty() && mounted_at(s).is_none()) {
+    let not_found = || NodeError::NotFound(format!("volume {volume_id} mounted at {volume_path}"));
+    let mount = mounted_at(volume_path).ok_or_else(not_found)?;
+    let problem = if let Some(staging) = staging_path.filter(|s| !s.is_empty() && mounted_at(s).is_none()) {
         Some(format!("the staging path {staging} is no longer mounted"))
-    } else if device_dir.as_ref().is_some_and(|dir| !dir.exists()) {
+    } else if !device_dir(mount, sys_dir).exists() {
         Some("the volume's block device has disappeared".to_owned())
     } else {
         None
     };
-    let usage = if is_block {
-        block_usage(device_dir.as_deref()).into_iter().collect()
-    } else {
-        filesystem_usage(volume_path)?
+    let request = Request::VolumeStats(VolumeStatsRequest {
+        volume_id: volume_id.clone(),
+        volume_path: volume_path.to_owned(),
+    });
+    let usage = match helper.call(request).await {
+        Ok(Reply::VolumeStats(usage)) => to_proto(usage),
+        Ok(other) => return Err(NodeError::Internal(format!("the helper answered {other:?}"))),
+        Err(NodeError::Helper(ClientError::Helper(
+            HelperError::NotMounted { .. } | HelperError::NotStaged { .. } | HelperError::DeviceRefused { .. },
+        ))) if problem.is_some() => Vec::new(),
+        Err(NodeError::Helper(ClientError::Helper(HelperError::NotMounted { .. } | HelperError::NotStaged { .. }))) => {
+            return Err(not_found());
+        }
+        Err(e) => return Err(e),
     };
     Ok(NodeGetVolumeStatsResponse {
         usage,
@@ -64,31 +71,45 @@ pub fn volume_stats(
     })
 }
 
-fn filesystem_usage(path: &str) -> Result<Vec<VolumeUsage>, NodeError> {
-    let vfs = rustix::fs::statvfs(path).map_err(|e| NodeError::Internal(format!("statvfs {path}: {e}")))?;
-    let bytes = |blocks: u64| to_i64(blocks.saturating_mul(vfs.f_frsize));
-    Ok(vec![
-        VolumeUsage {
-            unit: Unit::Bytes as i32,
-            total: bytes(vfs.f_blocks),
-            available: bytes(vfs.f_bavail),
-            used: bytes(vfs.f_blocks.saturating_sub(vfs.f_bfree)),
-        },
-        VolumeUsage {
-            unit: Unit::Inodes as i32,
-            total: to_i64(vfs.f_files),
-            available: to_i64(vfs.f_ffree),
-            used: to_i64(vfs.f_files.saturating_sub(vfs.f_ffree)),
-        },
-    ])
+/// The sysfs directory of the disk behind `mount`: the filesystem's
+/// device, or for a raw block volume (its device node bind-mounted from
+/// devtmpfs, whose mount root is `/<kernel name>`) that node's disk.
+fn device_dir(mount: &MountEntry, sys_dir: &Path) -> std::path::PathBuf {
+    match mount.fs_type.as_str() {
+        "devtmpfs" => sys_dir.join("class/block").join(mount.root.trim_start_matches('/')),
+        _ => sys_dir.join(format!("dev/block/{}:{}", mount.major, mount.minor)),
+    }
 }
 
-fn block_usage(device_dir: Option<&Path>) -> Option<VolumeUsage> {
-    Some(VolumeUsage {
-        unit: Unit::Bytes as i32,
-        total: to_i64(sysfs_size_bytes(device_dir?)?),
-        ..VolumeUsage::default()
-    })
+fn to_proto(usage: Usage) -> Vec<VolumeUsage> {
+    match usage {
+        Usage::Filesystem {
+            total_bytes,
+            available_bytes,
+            used_bytes,
+            total_inodes,
+            free_inodes,
+            used_inodes,
+        } => vec![
+            VolumeUsage {
+                unit: Unit::Bytes as i32,
+                total: to_i64(total_bytes),
+                available: to_i64(available_bytes),
+                used: to_i64(used_bytes),
+            },
+            VolumeUsage {
+                unit: Unit::Inodes as i32,
+                total: to_i64(total_inodes),
+                available: to_i64(free_inodes),
+                used: to_i64(used_inodes),
+            },
+        ],
+        Usage::Block { size_bytes } => vec![VolumeUsage {
+            unit: Unit::Bytes as i32,
+            total: to_i64(size_bytes),
+            ..VolumeUsage::default()
+        }],
+    }
 }
 
 /// Size in bytes of the block device at `device` (a path to the device

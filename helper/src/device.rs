@@ -416,6 +416,12 @@ impl DeviceKind {
     }
 }
 
+/// `/dev/<kernel name>` of the block device numbered `number` now (from
+/// sysfs); `None` when there is none. The name still has to be verified.
+pub fn path_of(number: DeviceNumber) -> Option<String> {
+    kernel_name(&sysfs_dir(number)).map(|name| format!("/dev/{name}"))
+}
+
 fn sysfs_dir((major, minor): DeviceNumber) -> PathBuf {
     PathBuf::from(format!("/sys/dev/block/{major}:{minor}"))
 }

@@ -6,7 +6,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use ebs_csi_helper_proto::{
     ExpandRequest, FsType, HelperError, PROTOCOL_VERSION, PublishRequest, PublishSource, Reply, Request, StageRequest,
-    VolumeId,
+    VolumeId, VolumeStatsRequest, VolumeUsage,
 };
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::mount::MountFlags;
@@ -76,6 +76,7 @@ impl Handler {
             Request::Publish(r) => self.exclusively(|| self.publish(r)),
             Request::Unpublish(r) => self.exclusively(|| self.unpublish(&self.roots.check(&r.target_path)?)),
             Request::Expand(r) => self.exclusively(|| self.expand(r)),
+            Request::VolumeStats(r) => self.volume_stats(r),
         }
     }
 
@@ -331,6 +332,51 @@ impl Handler {
         Ok(Reply::Expanded {
             size_bytes: device.size_bytes()?,
         })
+    }
+
+    /// VolumeStats (read-only, so outside the lock): the volume path must
+    /// be the root of a mount the helper makes (ext2/3/4 or XFS, or a
+    /// device node's bind); the disk behind it (the filesystem's device, or
+    /// the node's) must prove to be the volume; then statvfs of that same
+    /// mount's fd, or the device's size.
+    fn volume_stats(&self, r: &VolumeStatsRequest) -> Result<Reply, HelperError> {
+        let mounts = self.mounts.read()?;
+        let path = self.roots.check(&r.volume_path)?;
+        let not_mounted = || HelperError::NotMounted {
+            path: r.volume_path.clone(),
+        };
+        let fd = path.open()?.ok_or_else(not_mounted)?;
+        let node = mount::inspect(&fd)?;
+        if !node.is_mount_root {
+            return Err(not_mounted());
+        }
+        refuse_foreign_mount(&path, &node, &mounts, MountKind::FilesystemOrDevice)?;
+        let is_block = node.file_type == FileType::BlockDevice;
+        let number = if is_block { node.rdev } else { node.dev };
+        let not_staged = || HelperError::NotStaged {
+            path: r.volume_path.clone(),
+            volume_id: r.volume_id.to_string(),
+        };
+        let device = self.verify(&r.volume_id, &device::path_of(number).ok_or_else(not_staged)?, &mounts)?;
+        if device.number != number {
+            return Err(not_staged());
+        }
+        let usage = if is_block {
+            VolumeUsage::Block {
+                size_bytes: device.size_bytes()?,
+            }
+        } else {
+            let vfs = rustix::fs::fstatvfs(&fd).map_err(|e| system("statvfs", e))?;
+            VolumeUsage::Filesystem {
+                total_bytes: vfs.f_blocks.saturating_mul(vfs.f_frsize),
+                available_bytes: vfs.f_bavail.saturating_mul(vfs.f_frsize),
+                used_bytes: vfs.f_blocks.saturating_sub(vfs.f_bfree).saturating_mul(vfs.f_frsize),
+                total_inodes: vfs.f_files,
+                free_inodes: vfs.f_ffree,
+                used_inodes: vfs.f_files.saturating_sub(vfs.f_ffree),
+            }
+        };
+        Ok(Reply::VolumeStats(usage))
     }
 
     /// Proves `device` is `volume_id` and that no format is running on it.

@@ -22,4 +22,4 @@ pub mod path;
 pub mod server;
 mod sys;
 
-pub use sys::{clear_environment, close_inherited_fds, listener_from_systemd};
+pub use sys::{clear_environment, close_inherited_fds};

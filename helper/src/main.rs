@@ -72,7 +72,7 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     // 1. Take the systemd socket, if any; close every other inherited fd.
-    let activated = ebs_csi_helper::listener_from_systemd().context("taking the socket from systemd")?;
+    let activated = ebs_csi_linux::activation::listener_from_systemd().context("taking the socket from systemd")?;
     ebs_csi_helper::close_inherited_fds(activated.is_some()).context("closing inherited descriptors")?;
     // 2. Clear the environment (nothing below reads it).
     ebs_csi_helper::clear_environment();

@@ -1,20 +1,17 @@
-//! Every `unsafe` block of the helper: `BLKGETDISKSEQ`, taking ownership of
-//! a socket inherited from systemd, closing inherited descriptors and
-//! clearing the environment at start, and setting up a tool's descriptors
-//! and capabilities in the child before it execs. (The NVMe admin ioctl is
-//! in `ebs-csi-linux`, which the agent shares.)
+//! Every `unsafe` block of the helper: `BLKGETDISKSEQ`, closing inherited
+//! descriptors and clearing the environment at start, and setting up a
+//! tool's descriptors and capabilities in the child before it execs. (The
+//! NVMe admin ioctl and taking the socket systemd passes are in
+//! `ebs-csi-linux`, which the agent shares.)
 #![allow(unsafe_code)]
 
 use std::io;
-use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::net::UnixListener;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::sync::Arc;
 
-use rustix::fs::FileType;
 use rustix::ioctl::{Getter, Opcode, ioctl, opcode};
-use rustix::net::AddressFamily;
 use seccompiler::BpfProgram;
 
 /// `BLKGETDISKSEQ = _IOR(0x12, 128, __u64)` (include/uapi/linux/fs.h,
@@ -31,51 +28,6 @@ pub(crate) fn disk_sequence(fd: BorrowedFd<'_>) -> io::Result<Option<u64>> {
         Err(rustix::io::Errno::NOTTY) => Ok(None),
         Err(e) => Err(e.into()),
     }
-}
-
-/// The first socket passed by systemd socket activation (`LISTEN_FDS`,
-/// sd_listen_fds(3)): fd 3, when `LISTEN_PID` names this process.
-/// Returns `Ok(None)` when the process was not socket-activated.
-///
-/// # Errors
-/// `InvalidInput` when fd 3 is not a listening `AF_UNIX` stream socket
-/// (a unit that passes anything else is misconfigured).
-pub fn listener_from_systemd() -> io::Result<Option<UnixListener>> {
-    const SD_LISTEN_FDS_START: RawFd = 3;
-    let var = |name| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
-    let (Some(pid), Some(count)) = (var("LISTEN_PID"), var("LISTEN_FDS")) else {
-        return Ok(None);
-    };
-    if pid != std::process::id() || count < 1 {
-        return Ok(None);
-    }
-    // SAFETY: fcntl(F_GETFD) only asks whether fd 3 is open; it touches no
-    // memory and takes no ownership.
-    let open = unsafe { libc::fcntl(SD_LISTEN_FDS_START, libc::F_GETFD) } >= 0;
-    if !open {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "LISTEN_FDS is set but fd 3 is not open",
-        ));
-    }
-    // SAFETY: with LISTEN_PID equal to our pid, systemd hands fd 3 (checked
-    // open above) to this process and nothing else in it owns it; we take
-    // ownership exactly once (the environment is cleared right after
-    // start-up so this cannot run twice).
-    let fd = unsafe { OwnedFd::from_raw_fd(SD_LISTEN_FDS_START) };
-    let is_listening_unix_socket = rustix::fs::fstat(&fd)
-        .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Socket)
-        && rustix::net::sockopt::socket_domain(&fd).is_ok_and(|d| d == AddressFamily::UNIX)
-        && rustix::net::sockopt::socket_type(&fd).is_ok_and(|t| t == rustix::net::SocketType::STREAM)
-        && rustix::net::sockopt::socket_acceptconn(&fd).unwrap_or(false);
-    if !is_listening_unix_socket {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "fd 3 from systemd is not a listening AF_UNIX stream socket",
-        ));
-    }
-    rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)?;
-    Ok(Some(UnixListener::from(fd)))
 }
 
 /// Closes every descriptor from `first` up (`close_range(2)`, Linux

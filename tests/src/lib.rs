@@ -21,9 +21,11 @@ use tonic::transport::{Channel, Endpoint};
 pub mod attach_sim;
 pub mod bench;
 pub mod children;
+pub mod guest;
 pub mod lifecycle;
 pub mod loopdev;
 pub mod moto;
+pub mod qemu;
 
 pub use loopdev::LoopVolume;
 
@@ -90,9 +92,13 @@ impl Sandbox {
         self.dir.path()
     }
 
-    /// The allowed root handed to the helper (`<sandbox>/kubelet`).
+    /// The allowed root handed to the helper (`<sandbox>/kubelet`): root's,
+    /// mode 0750, as kubelet makes its directories, so the unprivileged
+    /// agent cannot look beneath it.
     pub fn kubelet(&self) -> PathBuf {
-        self.mkdir("kubelet")
+        let kubelet = self.mkdir("kubelet");
+        std::fs::set_permissions(&kubelet, std::fs::Permissions::from_mode(0o750)).expect("chmod");
+        kubelet
     }
 
     /// The device tree the agent is pointed at (`--dev-dir`).

@@ -47,6 +47,15 @@ pub fn bind(socket: &Path) -> io::Result<UnixListenerStream> {
     Ok(UnixListenerStream::new(listener))
 }
 
+/// Serves on a listening socket made elsewhere (systemd socket activation).
+///
+/// # Errors
+/// The error making the socket non-blocking.
+pub fn incoming(listener: std::os::unix::net::UnixListener) -> io::Result<UnixListenerStream> {
+    listener.set_nonblocking(true)?;
+    Ok(UnixListenerStream::new(UnixListener::from_std(listener)?))
+}
+
 /// Completes on SIGTERM or SIGINT (never, if the handlers cannot be set).
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};

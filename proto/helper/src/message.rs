@@ -9,7 +9,7 @@ use crate::{FormatOptions, HelperError, VolumeId};
 
 /// The protocol version this crate speaks. The helper answers a frame of
 /// any other version with [`HelperError::UnsupportedVersion`].
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// What the agent sends: one request tagged with the protocol version.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +55,8 @@ pub enum Request {
     Unpublish(UnpublishRequest),
     /// Grow a mounted filesystem to the size of its device.
     Expand(ExpandRequest),
+    /// Read the usage of a mounted volume; changes nothing.
+    VolumeStats(VolumeStatsRequest),
 }
 
 /// Filesystems the helper can create and mount.
@@ -175,6 +177,44 @@ pub struct ExpandRequest {
     pub volume_path: String,
 }
 
+/// VolumeStats: the usage of the volume mounted at `volume_path`, for
+/// NodeGetVolumeStats. The agent cannot read it itself: kubelet makes every
+/// directory above a volume path root-owned and 0750.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeStatsRequest {
+    /// The volume whose device must be what is mounted at `volume_path`.
+    pub volume_id: VolumeId,
+    /// A staging or target path: the mount of the volume's filesystem, or
+    /// the bind of its device node (a raw block volume).
+    pub volume_path: String,
+}
+
+/// The usage of a volume (the answer to [`Request::VolumeStats`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VolumeUsage {
+    /// A mounted filesystem, from statvfs(3).
+    Filesystem {
+        /// Size of the filesystem, in bytes (`f_blocks × f_frsize`).
+        total_bytes: u64,
+        /// Bytes an unprivileged user may still write (`f_bavail × f_frsize`).
+        available_bytes: u64,
+        /// Bytes in use (`(f_blocks − f_bfree) × f_frsize`).
+        used_bytes: u64,
+        /// Inodes in the filesystem (`f_files`).
+        total_inodes: u64,
+        /// Inodes free (`f_ffree`).
+        free_inodes: u64,
+        /// Inodes in use (`f_files − f_ffree`).
+        used_inodes: u64,
+    },
+    /// A raw block volume: the size of its device, in bytes.
+    Block {
+        /// `BLKGETSIZE64` of the device.
+        size_bytes: u64,
+    },
+}
+
 /// A successful answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
@@ -191,6 +231,8 @@ pub enum Reply {
         /// volume, in bytes.
         size_bytes: u64,
     },
+    /// Answer to [`Request::VolumeStats`].
+    VolumeStats(VolumeUsage),
 }
 
 /// What the helper sends back: exactly one frame per request.
@@ -299,6 +341,6 @@ mod tests {
         }
         kinds.sort_by_key(|k| format!("{k:?}"));
         kinds.dedup();
-        assert_eq!(kinds.len(), 6, "a seed for each request kind");
+        assert_eq!(kinds.len(), 7, "a seed for each request kind");
     }
 }

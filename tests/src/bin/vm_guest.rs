@@ -23,12 +23,12 @@ use ebs_csi_helper_proto::{
 };
 use ebs_csi_linux::nvme::identify_controller;
 use ebs_csi_proto::v1::node_client::NodeClient;
-use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
-use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume};
-use ebs_csi_proto::v1::{
-    NodeGetVolumeStatsRequest, NodeStageVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
-};
+use ebs_csi_proto::v1::{NodeStageVolumeRequest, NodeUnstageVolumeRequest};
 use ebs_csi_tests::children::{children_named, first_child_named};
+use ebs_csi_tests::guest::{
+    device_number, find_controller, mount_capability, mount_type, mounted_device, report, serial, volume_stats,
+    wait_for_disk,
+};
 use ebs_csi_tests::{AGENT_UID, channel, run_as, stage_request};
 use tonic::transport::Channel;
 
@@ -160,15 +160,7 @@ async fn hot_unplug_while_staged(node: &mut NodeClient<Channel>, staged: &[(Stri
         assert!(Instant::now() < deadline, "{volume} was not unplugged");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let stats = node
-        .node_get_volume_stats(NodeGetVolumeStatsRequest {
-            volume_id: volume.clone(),
-            volume_path: staging.display().to_string(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = volume_stats(node, volume, staging).await;
     let condition = stats.volume_condition.unwrap();
     assert!(condition.abnormal, "{condition:?}");
     unstage(node, volume, staging).await;
@@ -408,10 +400,6 @@ fn assert_device_refused(socket: &str, volume_id: &str, device: &Path) {
     assert_eq!(mounted_device(&staging), None);
 }
 
-fn report(scenario: u32, detail: &str) {
-    println!("@@SCENARIO {scenario} ok: {detail}");
-}
-
 /// Starts a helper on `socket` for the agent's uid, with `identity`
 /// flags (`--nvme-model`, `--nvme-vendor-id`; none: EBS's).
 fn start_helper(socket: &str, identity: &[&str]) -> Child {
@@ -469,10 +457,6 @@ fn wait_for_socket(path: &Path, server: u32) {
     }
 }
 
-fn serial(volume_id: &str) -> String {
-    volume_id.replace('-', "")
-}
-
 fn make_staging(volume_id: &str) -> PathBuf {
     let path = PathBuf::from(format!("{KUBELET}/plugins/staging/{volume_id}"));
     std::fs::create_dir_all(&path).unwrap();
@@ -481,19 +465,10 @@ fn make_staging(volume_id: &str) -> PathBuf {
 
 async fn stage(node: &mut NodeClient<Channel>, volume_id: &str, fs: &str) -> Result<PathBuf, tonic::Status> {
     let staging = make_staging(volume_id);
-    let capability = VolumeCapability {
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs.into(),
-            ..Default::default()
-        })),
-    };
     node.node_stage_volume(NodeStageVolumeRequest {
         volume_id: volume_id.into(),
         staging_target_path: staging.display().to_string(),
-        volume_capability: Some(capability),
+        volume_capability: mount_capability(fs),
         ..Default::default()
     })
     .await?;
@@ -508,34 +483,6 @@ async fn unstage(node: &mut NodeClient<Channel>, volume_id: &str, staging: &Path
     .await
     .unwrap();
     assert_eq!(mounted_device(staging), None, "{} is still mounted", staging.display());
-}
-
-/// The sysfs directory of the NVMe controller whose serial is `serial`.
-fn find_controller(serial: &str) -> Option<PathBuf> {
-    std::fs::read_dir("/sys/class/nvme")
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .find(|c| std::fs::read_to_string(c.join("serial")).is_ok_and(|s| s.trim() == serial))
-}
-
-/// The `/dev` nodes of the controller and first namespace with `serial`,
-/// once both exist, polling every millisecond up to `timeout`.
-fn wait_for_disk(serial: &str, timeout: Duration) -> Option<(PathBuf, PathBuf)> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let found = find_controller(serial).and_then(|sys| {
-            let name = sys.file_name()?.to_str()?.to_owned();
-            let namespace = PathBuf::from(format!("/dev/{name}n1"));
-            namespace
-                .exists()
-                .then(|| (PathBuf::from(format!("/dev/{name}")), namespace))
-        });
-        if found.is_some() || Instant::now() >= deadline {
-            return found;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 /// Polls every millisecond for the hot-plugged disk of `volume_id`: when
@@ -566,38 +513,4 @@ fn watch_appearance(volume_id: &str, helper: u32) -> (Duration, Duration, bool, 
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-}
-
-/// The device number of the block device `path`.
-fn device_number(path: &Path) -> Option<(u32, u32)> {
-    let stat = rustix::fs::stat(path).ok()?;
-    Some((rustix::fs::major(stat.st_rdev), rustix::fs::minor(stat.st_rdev)))
-}
-
-/// The device number mounted at `path`, from `/proc/self/mountinfo`.
-fn mounted_device(path: &Path) -> Option<(u32, u32)> {
-    mount_field(path, |fields| {
-        let (major, minor) = fields.get(2)?.split_once(':')?;
-        Some((major.parse().ok()?, minor.parse().ok()?))
-    })
-}
-
-/// The filesystem type mounted at `path`.
-fn mount_type(path: &Path) -> String {
-    mount_field(path, |fields| {
-        let dash = fields.iter().position(|f| *f == "-")?;
-        fields.get(dash + 1).map(|s| (*s).to_owned())
-    })
-    .unwrap_or_default()
-}
-
-fn mount_field<T>(path: &Path, field: impl Fn(&[&str]) -> Option<T>) -> Option<T> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let path = path.display().to_string();
-    mountinfo.lines().rev().find_map(|line| {
-        let fields: Vec<&str> = line.split(' ').collect();
-        (fields.get(4) == Some(&path.as_str()))
-            .then(|| field(&fields))
-            .flatten()
-    })
 }

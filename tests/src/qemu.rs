@@ -1,0 +1,237 @@
+//! The host side of the QEMU test VMs (`tests/tests/nvme_vm.rs`,
+//! `tests/tests/systemd_vm.rs`): QEMU started with a QMP socket, and the
+//! console protocol the guest drivers speak. A guest prints
+//! `@@PLUG <id> <serial> [data|ext4-eio]` and `@@UNPLUG <id>` for the host
+//! to hot-plug or unplug an emulated NVMe disk through QMP, one
+//! `@@SCENARIO <n> ok: …` line per scenario, and `@@EXIT <status>` last.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test support: a failed step fails the test"
+)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::loopdev::run;
+
+/// Size of every EBS-style disk, in MiB (xfs needs 300 MiB at least).
+pub const DISK_MIB: u64 = 512;
+/// PCIe root ports left free for hot-plugged disks.
+pub const HOTPLUG_PORTS: usize = 9;
+
+/// A QMP connection (QEMU Machine Protocol: one JSON object a line).
+struct Qmp {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Qmp {
+    fn connect(socket: &Path) -> Self {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let stream = loop {
+            match UnixStream::connect(socket) {
+                Ok(stream) => break stream,
+                Err(e) => assert!(Instant::now() < deadline, "QMP socket: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut qmp = Self {
+            reader: BufReader::new(stream.try_clone().unwrap()),
+            writer: stream,
+        };
+        let mut greeting = String::new();
+        qmp.reader.read_line(&mut greeting).unwrap();
+        qmp.execute(r#"{"execute":"qmp_capabilities"}"#);
+        qmp
+    }
+
+    /// Sends one command; panics unless QEMU answers with a return.
+    fn execute(&mut self, command: &str) {
+        writeln!(self.writer, "{command}").unwrap();
+        loop {
+            let mut line = String::new();
+            self.reader.read_line(&mut line).unwrap();
+            if line.contains(r#""return""#) {
+                return;
+            }
+            assert!(!line.contains(r#""error""#), "QMP {command}: {line}");
+        }
+    }
+}
+
+/// A sparse disk image of [`DISK_MIB`] named `<name>.img` in `dir`.
+pub fn disk(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.img"));
+    std::fs::File::create(&path)
+        .and_then(|f| f.set_len(DISK_MIB << 20))
+        .unwrap();
+    path
+}
+
+/// The common part of a test VM's command line: TCG on q35 with `memory_mib`,
+/// no network or display, the guest's protocol on `protocol_serial` (the
+/// serial port QEMU connects to this process's stdout), a QMP socket in
+/// `dir`, and [`HOTPLUG_PORTS`] free root ports.
+pub fn command(dir: &Path, memory_mib: u32) -> Command {
+    let mut qemu = Command::new("qemu-system-x86_64");
+    qemu.args(["-accel", "tcg", "-machine", "q35", "-m", &memory_mib.to_string()])
+        .args(["-nic", "none", "-no-reboot", "-display", "none", "-monitor", "none"])
+        .arg("-qmp")
+        .arg(format!("unix:{},server=on,wait=off", dir.join("qmp.sock").display()));
+    for port in 0..HOTPLUG_PORTS {
+        qemu.args([
+            "-device",
+            &format!("pcie-root-port,id=port{port},chassis={},slot={}", port + 1, port + 1),
+        ]);
+    }
+    qemu
+}
+
+/// What a guest reported.
+pub struct Outcome {
+    /// The `@@EXIT` status.
+    pub status: i32,
+    /// The `@@SCENARIO` lines, in order.
+    pub scenarios: Vec<String>,
+    /// Every line the guest printed on the protocol port.
+    pub transcript: Vec<String>,
+    /// Disks plugged as `ext4-eio`: their image and the UUID of the ext4
+    /// filesystem they held before the guest saw them.
+    pub unreadable: Vec<(PathBuf, String)>,
+    /// From start to `@@EXIT`.
+    pub took: Duration,
+}
+
+impl Outcome {
+    /// Panics unless the guest exited 0 and reported scenarios 1 to `count`.
+    pub fn assert_passed(&self, count: usize) {
+        let console = self.transcript.join("\n");
+        assert_eq!(self.status, 0, "a scenario failed; console:\n{console}");
+        for n in 1..=count {
+            assert!(
+                self.scenarios
+                    .iter()
+                    .any(|s| s.starts_with(&format!("@@SCENARIO {n} ok"))),
+                "scenario {n} did not report; console:\n{console}"
+            );
+        }
+    }
+}
+
+/// Runs `qemu` (from [`command`], with its guest's disks, kernel and the
+/// protocol port on stdio) and serves the guest's requests until it exits
+/// or `limit` passes; disk images for hot-plugged disks go to `dir`.
+pub fn run_guest(mut qemu: Command, dir: &Path, limit: Duration) -> Outcome {
+    let mut vm = qemu
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("qemu-system-x86_64 (make vm-deps installs it)");
+    let (lines, console) = mpsc::channel();
+    let stdout = vm.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut qmp = Qmp::connect(&dir.join("qmp.sock"));
+    let (start, mut ports) = (Instant::now(), 0..HOTPLUG_PORTS);
+    let (mut scenarios, mut transcript, mut unreadable) = (Vec::new(), Vec::new(), Vec::new());
+    let status = loop {
+        let line = match console.recv_timeout(limit.saturating_sub(start.elapsed())) {
+            Ok(line) => line,
+            Err(e) => {
+                stop(&mut vm);
+                panic!("the VM stopped answering ({e}); console:\n{}", transcript.join("\n"));
+            }
+        };
+        transcript.push(line.clone());
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["@@PLUG", id, serial, contents @ ..] => {
+                let (file, eio) = backing_file(dir, id, contents);
+                unreadable.extend(eio);
+                let port = ports.next().expect("a free root port");
+                qmp.execute(&format!(
+                    r#"{{"execute":"blockdev-add","arguments":{{"driver":"raw","node-name":"{id}","file":{file}}}}}"#
+                ));
+                qmp.execute(&format!(
+                    r#"{{"execute":"device_add","arguments":{{"driver":"nvme","id":"{id}","drive":"{id}","serial":"{serial}","bus":"port{port}"}}}}"#
+                ));
+            }
+            ["@@UNPLUG", id] => qmp.execute(&format!(r#"{{"execute":"device_del","arguments":{{"id":"{id}"}}}}"#)),
+            ["@@SCENARIO", ..] => {
+                eprintln!("{line}");
+                scenarios.push(line.clone());
+            }
+            ["@@EXIT", code] => break code.parse::<i32>().unwrap(),
+            _ => {}
+        }
+    };
+    let took = start.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while vm.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop(&mut vm);
+    Outcome {
+        status,
+        scenarios,
+        transcript,
+        unreadable,
+        took,
+    }
+}
+
+fn stop(vm: &mut Child) {
+    let _ = vm.kill();
+    let _ = vm.wait();
+}
+
+/// The QMP `file` node for a hot-plugged disk `id`: an empty image, one
+/// holding a data pattern over its first MiB (`data`), or an ext4 image
+/// whose reads of sector 0 fail with EIO (`ext4-eio`, QEMU's blkdebug on
+/// the raw driver's `read_aio` event; returned with its UUID).
+fn backing_file(dir: &Path, id: &str, contents: &[&str]) -> (String, Option<(PathBuf, String)>) {
+    let image = disk(dir, id);
+    let file = format!(r#"{{"driver":"file","filename":"{}"}}"#, image.display());
+    match contents {
+        ["data"] => {
+            let pattern = crate::data_pattern(1 << 20);
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&image)
+                .unwrap()
+                .write_all(&pattern)
+                .unwrap();
+            (file, None)
+        }
+        ["ext4-eio"] => {
+            run("mkfs.ext4", &["-q", "-F", &image.to_string_lossy()]);
+            let uuid = uuid(&image);
+            (
+                format!(
+                    r#"{{"driver":"blkdebug","image":{file},"inject-error":[{{"event":"read_aio","errno":5,"sector":0}}]}}"#
+                ),
+                Some((image, uuid)),
+            )
+        }
+        _ => (file, None),
+    }
+}
+
+/// The UUID of the filesystem in an image file (`blkid -p`).
+pub fn uuid(image: &Path) -> String {
+    run("blkid", &["-p", "-s", "UUID", "-o", "value", &image.to_string_lossy()])
+        .trim()
+        .to_owned()
+}
