@@ -95,7 +95,11 @@ async fn main() -> anyhow::Result<()> {
     let config = loader.load().await;
     let metrics = ApiMetrics::new().context("metrics")?;
     if let Some(address) = args.http_endpoint {
-        tokio::spawn(metrics.clone().serve(address));
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .with_context(|| format!("--http-endpoint {address}"))?;
+        tracing::info!(address = %listener.local_addr()?, "serving metrics");
+        tokio::spawn(metrics.clone().serve(listener));
     }
     let ec2 = Arc::new(SdkEc2::new(&config, metrics));
     let settings = Settings {

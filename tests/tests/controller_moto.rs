@@ -91,15 +91,10 @@ async fn create(client: &mut ControllerClient<Channel>, name: &str, gib: i64) ->
 
 #[tokio::test(flavor = "multi_thread")]
 async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
-    let metrics_address = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
     let Setup {
         moto,
         mut client,
-        controller: _controller,
+        controller,
         _sandbox,
     } = setup(&[
         "--k8s-tag-cluster-id",
@@ -107,9 +102,18 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
         "--extra-tags",
         "team=storage",
         "--http-endpoint",
-        &metrics_address,
+        "127.0.0.1:0",
     ])
     .await;
+    // The port the kernel chose, from the controller's log line.
+    let log = controller.process.log();
+    let metrics_address = log
+        .lines()
+        .find(|l| l.contains("serving metrics"))
+        .and_then(|l| l.split("address=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no metrics address in:\n{log}"))
+        .to_owned();
     let request = create_request(
         "pvc-a",
         4,
@@ -262,7 +266,11 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
 fn http_get(address: &str, path: &str) -> String {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(address).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nhost: {address}\r\n\r\n").unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     response
