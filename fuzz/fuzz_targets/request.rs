@@ -71,5 +71,6 @@ fuzz_target!(|data: &[u8]| {
             check_path(&r.volume_path);
             check_device(&r.device);
         }
+        Request::VolumeStats(r) => check_path(&r.volume_path),
     }
 });
