@@ -18,7 +18,7 @@ use ebs_csi_proto::v1::{
     NodeStageVolumeResponse, NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest,
     NodeUnstageVolumeResponse, Topology,
 };
-use ebs_csi_proto::{TOPOLOGY_KEY_WELL_KNOWN_ZONE, TOPOLOGY_KEY_ZONE};
+use ebs_csi_proto::{TOPOLOGY_KEY_OS, TOPOLOGY_KEY_WELL_KNOWN_ZONE, TOPOLOGY_KEY_ZONE};
 use tonic::{Request, Response, Status};
 
 use crate::discovery::DeviceFinder;
@@ -319,6 +319,7 @@ impl Node for NodeService {
                 segments: [
                     (TOPOLOGY_KEY_ZONE.to_owned(), zone.clone()),
                     (TOPOLOGY_KEY_WELL_KNOWN_ZONE.to_owned(), zone.clone()),
+                    (TOPOLOGY_KEY_OS.to_owned(), std::env::consts::OS.to_owned()),
                 ]
                 .into(),
             }),

@@ -725,13 +725,15 @@ async fn identity_and_node_info() {
     assert_eq!(info.node_id, "i-0123456789abcdef0");
     assert_eq!(info.max_volumes_per_node, 26);
     let segments = info.accessible_topology.unwrap().segments;
+    let expected = [
+        ("topology.ebs.csi.aws.com/zone", "us-east-1a"),
+        ("topology.kubernetes.io/zone", "us-east-1a"),
+        ("kubernetes.io/os", "linux"),
+    ];
     assert_eq!(
-        segments.get("topology.ebs.csi.aws.com/zone").map(String::as_str),
-        Some("us-east-1a")
-    );
-    assert_eq!(
-        segments.get("topology.kubernetes.io/zone").map(String::as_str),
-        Some("us-east-1a")
+        segments,
+        expected.map(|(k, v)| (k.to_owned(), v.to_owned())).into(),
+        "the Go driver's segments"
     );
     let caps = client
         .node_get_capabilities(NodeGetCapabilitiesRequest {})

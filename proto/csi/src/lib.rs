@@ -25,3 +25,8 @@ pub const TOPOLOGY_KEY_ZONE: &str = "topology.ebs.csi.aws.com/zone";
 
 /// The well-known Kubernetes zone label, also reported for drop-in use.
 pub const TOPOLOGY_KEY_WELL_KNOWN_ZONE: &str = "topology.kubernetes.io/zone";
+
+/// The node's operating system, as the Go driver's node reports it
+/// (`kubernetes.io/os`, the well-known label; value `linux`), so
+/// StorageClasses that select on it keep matching.
+pub const TOPOLOGY_KEY_OS: &str = "kubernetes.io/os";
