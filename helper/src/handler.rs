@@ -158,6 +158,18 @@ impl Handler {
             mount::unmount(&staging.open_parent(false)?, staging.name())?;
             return Err(device.refusal(Refusal::Changed));
         }
+        if !just_formatted {
+            // A filesystem smaller than its device (a snapshot restored, or a
+            // volume cloned, into a larger one) is grown, as the Go driver does
+            // at NodeStage; the tool finds nothing to do otherwise. On failure
+            // the mount is undone, so that a retried Stage grows it again.
+            let (root, _) = open_existing(&staging, FileType::Directory)?;
+            if let Err(e) = self.grow(r.fs_type, &device, &root) {
+                drop(root);
+                mount::unmount(&staging.open_parent(false)?, staging.name())?;
+                return Err(e);
+            }
+        }
         Ok(None)
     }
 
@@ -320,15 +332,7 @@ impl Handler {
             .and_then(|m| FsType::from_name(&m.fs_type))
             .ok_or_else(not_mounted)?;
         tracing::info!(volume_id = %r.volume_id, device = ?device.path(), volume_path = ?r.volume_path, "grow filesystem");
-        match fs_type {
-            FsType::Xfs => {
-                self.tools
-                    .run_checked(Tool::XfsGrowfs, &[DEVICE_ARG], ToolTarget::MountOf(&device, fd.as_fd()))?
-            }
-            _ => self
-                .tools
-                .run_checked(Tool::Resize2fs, &[DEVICE_ARG], ToolTarget::Device(&device))?,
-        };
+        self.grow(fs_type, &device, &fd)?;
         Ok(Reply::Expanded {
             size_bytes: device.size_bytes()?,
         })
@@ -377,6 +381,24 @@ impl Handler {
             }
         };
         Ok(Reply::VolumeStats(usage))
+    }
+
+    /// Grows the `fs_type` filesystem on `device`, mounted with its root at
+    /// `root`, to the device's size, online: `resize2fs` with the device as
+    /// fd 3, or `xfs_growfs` with the mount's root as fd 3 (the device is
+    /// verified again right before the exec).
+    fn grow(&self, fs_type: FsType, device: &VerifiedDevice, root: &OwnedFd) -> Result<(), HelperError> {
+        match fs_type {
+            FsType::Xfs => self.tools.run_checked(
+                Tool::XfsGrowfs,
+                &[DEVICE_ARG],
+                ToolTarget::MountOf(device, root.as_fd()),
+            ),
+            _ => self
+                .tools
+                .run_checked(Tool::Resize2fs, &[DEVICE_ARG], ToolTarget::Device(device)),
+        }
+        .map(drop)
     }
 
     /// Proves `device` is `volume_id` and that no format is running on it.

@@ -1,7 +1,7 @@
 //! The host side of the QEMU test VMs (`tests/tests/nvme_vm.rs`,
 //! `tests/tests/systemd_vm.rs`): QEMU started with a QMP socket, and the
 //! console protocol the guest drivers speak. A guest prints
-//! `@@PLUG <id> <serial> [data|ext4-eio]` and `@@UNPLUG <id>` for the host
+//! `@@PLUG <id> <serial> [data|ext4-half|ext4-eio]` and `@@UNPLUG <id>` for the host
 //! to hot-plug or unplug an emulated NVMe disk through QMP, one
 //! `@@SCENARIO <n> ok: …` line per scenario, and `@@EXIT <status>` last.
 #![allow(
@@ -198,7 +198,8 @@ fn stop(vm: &mut Child) {
 }
 
 /// The QMP `file` node for a hot-plugged disk `id`: an empty image, one
-/// holding a data pattern over its first MiB (`data`), or an ext4 image
+/// holding a data pattern over its first MiB (`data`), one with an ext4
+/// filesystem over its first half (`ext4-half`), or an ext4 image
 /// whose reads of sector 0 fail with EIO (`ext4-eio`, QEMU's blkdebug on
 /// the raw driver's `read_aio` event; returned with its UUID).
 fn backing_file(dir: &Path, id: &str, contents: &[&str]) -> (String, Option<(PathBuf, String)>) {
@@ -213,6 +214,12 @@ fn backing_file(dir: &Path, id: &str, contents: &[&str]) -> (String, Option<(Pat
                 .unwrap()
                 .write_all(&pattern)
                 .unwrap();
+            (file, None)
+        }
+        ["ext4-half"] => {
+            // A restored snapshot in a larger volume: ext4 over half the disk.
+            let half = format!("{}M", DISK_MIB / 2);
+            run("mkfs.ext4", &["-q", "-F", &image.to_string_lossy(), &half]);
             (file, None)
         }
         ["ext4-eio"] => {

@@ -206,8 +206,9 @@ async fn visible_mounts_under_kubelet_modes(node: &mut NodeClient<Channel>) {
 
 /// 3. udev (the distribution's rules and the project's) links the disks by
 ///    id and gives the ebs-csi group the controller; a disk hot-plugged while
-///    NodeStage waits is staged, and the agent's `devices` lists the same
-///    device; unplugged, its link goes.
+///    NodeStage waits is staged (its ext4, half the disk's size, grown
+///    online), and the agent's `devices` lists the same device; unplugged,
+///    its link goes.
 async fn udev_links_and_hot_plug(node: &mut NodeClient<Channel>) {
     let (controller, namespace) = wait_for_disk(&serial(VOLUME_A), Duration::ZERO).unwrap();
     assert_eq!(
@@ -232,9 +233,14 @@ async fn udev_links_and_hot_plug(node: &mut NodeClient<Channel>) {
         "NodeStage of {VOLUME_C} returned before its disk existed"
     );
     let plugged = Instant::now();
-    println!("@@PLUG c {}", serial(VOLUME_C));
+    println!("@@PLUG c {} ext4-half", serial(VOLUME_C));
     stage_call.await.unwrap().unwrap();
     let took = plugged.elapsed();
+    // Its ext4 filled half the disk (a snapshot restored into a larger
+    // volume); NodeStage grew it online.
+    let grown = rustix::fs::statvfs(&staging).unwrap();
+    let size_mib = (grown.f_blocks * grown.f_frsize) >> 20;
+    assert!(size_mib > 400, "the filesystem was not grown at stage: {size_mib} MiB");
     let (_, namespace) = wait_for_disk(&serial(VOLUME_C), Duration::ZERO).unwrap();
     visible_on_the_host(&staging, device_number(&namespace)).unwrap();
     wait_until(
@@ -258,7 +264,8 @@ async fn udev_links_and_hot_plug(node: &mut NodeClient<Channel>) {
         3,
         &format!(
             "by-id links and group ebs-csi from udev; {VOLUME_C} hot-plugged during NodeStage, staged after \
-             {took:?} on {}, as `ebs-csi-agent devices` lists it; link removed on unplug",
+             {took:?} on {}, its ext4 grown to {size_mib} MiB, as `ebs-csi-agent devices` lists it; link removed \
+             on unplug",
             namespace.display()
         ),
     );
