@@ -32,6 +32,7 @@ use seccompiler::BpfProgram;
 
 use crate::device::VerifiedDevice;
 use crate::error::system;
+use crate::harden;
 use crate::sys;
 
 /// How a tool names what it acts on: the fd the helper passes it as fd 3
@@ -147,9 +148,17 @@ impl Executor {
             std::thread::Builder::new().name(name.into()).spawn(move || {
                 // A thread cannot give its child what it does not hold (some
                 // sandboxes withhold CAP_SYS_RESOURCE even from root): each
-                // tool gets what it needs of what this thread has.
-                let held = caps::read(None, CapSet::Permitted)
-                    .map_or(0, |set| set.iter().fold(0, |mask, c| mask | c.bitmask()));
+                // tool gets what it needs of what this thread has. The thread
+                // itself uses only CAP_SYS_ADMIN (re-verification); the
+                // others stay permitted, effective only in the child that
+                // needs them (resize2fs).
+                let permitted = caps::read(None, CapSet::Permitted).unwrap_or_default();
+                let held = permitted.iter().fold(0, |mask, c| mask | c.bitmask());
+                let own: caps::CapsHashSet = permitted.into_iter().filter(|c| *c == harden::SERVING).collect();
+                if let Err(e) = caps::set(None, CapSet::Effective, &own) {
+                    tracing::error!(error = %e, "cannot lower the executor thread's effective capabilities");
+                    return;
+                }
                 loop {
                     // The guard is a temporary: the queue is locked only
                     // while taking the next job, not while running it.
