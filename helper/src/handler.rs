@@ -153,17 +153,18 @@ impl Handler {
         drop(fd);
         let mounted = open_existing(&staging, FileType::Directory)
             .ok()
-            .is_some_and(|(_, node)| node.is_mount_root && node.dev == device.number);
-        if !mounted || device.reverify().is_err() {
+            .filter(|(_, node)| node.is_mount_root && node.dev == device.number)
+            .filter(|_| device.reverify().is_ok());
+        let Some((root, _)) = mounted else {
             mount::unmount(&staging.open_parent(false)?, staging.name())?;
             return Err(device.refusal(Refusal::Changed));
-        }
+        };
         if !just_formatted {
             // A filesystem smaller than its device (a snapshot restored, or a
             // volume cloned, into a larger one) is grown, as the Go driver does
-            // at NodeStage; the tool finds nothing to do otherwise. On failure
-            // the mount is undone, so that a retried Stage grows it again.
-            let (root, _) = open_existing(&staging, FileType::Directory)?;
+            // at NodeStage; the tool finds nothing to do otherwise. xfs_growfs
+            // gets the mount root just checked. On failure the mount is undone,
+            // so that a retried Stage grows it again.
             if let Err(e) = self.grow(r.fs_type, &device, &root) {
                 drop(root);
                 mount::unmount(&staging.open_parent(false)?, staging.name())?;

@@ -84,7 +84,13 @@ pub fn device_number(path: &Path) -> Option<(u32, u32)> {
 
 /// The device number mounted at `path`, from `/proc/self/mountinfo`.
 pub fn mounted_device(path: &Path) -> Option<(u32, u32)> {
-    mount_field(path, |fields| {
+    mounted_device_in(Path::new("/proc/self/mountinfo"), path)
+}
+
+/// The device number mounted at `path` in the mount table `mountinfo`
+/// (`/proc/<pid>/mountinfo`).
+pub fn mounted_device_in(mountinfo: &Path, path: &Path) -> Option<(u32, u32)> {
+    mountinfo_field(mountinfo, path, |fields| {
         let (major, minor) = fields.get(2)?.split_once(':')?;
         Some((major.parse().ok()?, minor.parse().ok()?))
     })
@@ -105,7 +111,7 @@ fn mount_field<T>(path: &Path, field: impl Fn(&[&str]) -> Option<T>) -> Option<T
 
 /// `field` of the last mount at `path` in the mount table `mountinfo`
 /// (`/proc/<pid>/mountinfo`; its fields split at spaces).
-pub fn mountinfo_field<T>(mountinfo: &Path, path: &Path, field: impl Fn(&[&str]) -> Option<T>) -> Option<T> {
+fn mountinfo_field<T>(mountinfo: &Path, path: &Path, field: impl Fn(&[&str]) -> Option<T>) -> Option<T> {
     let mountinfo = std::fs::read_to_string(mountinfo).ok()?;
     let path = path.display().to_string();
     mountinfo.lines().rev().find_map(|line| {

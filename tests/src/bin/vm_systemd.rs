@@ -29,8 +29,9 @@ use ebs_csi_proto::v1::{
     ProbeRequest,
 };
 use ebs_csi_tests::guest::{
-    device_number, mount_capability, mountinfo_field, report, serial, volume_stats, wait_for_disk,
+    device_number, mount_capability, mounted_device_in, report, serial, volume_stats, wait_for_disk,
 };
+use ebs_csi_tests::loopdev::run;
 use ebs_csi_tests::{channel, wait_until};
 use rustix::process::{Gid, Uid};
 use tonic::transport::Channel;
@@ -59,7 +60,7 @@ const HELPER_EXPOSURE_MAX: f64 = 3.3;
 #[tokio::main]
 async fn main() {
     let suite = std::fs::read_to_string("/etc/os-release").unwrap();
-    let version = command("systemctl", &["--version"]);
+    let version = run("systemctl", &["--version"]);
     println!("@@INFO {}", version.lines().next().unwrap_or_default());
     let systemd: u32 = version.split_whitespace().nth(1).unwrap().parse().unwrap();
     println!(
@@ -174,7 +175,7 @@ async fn visible_mounts_under_kubelet_modes(node: &mut NodeClient<Channel>) {
     let marker = format!("written through {} by a pod", target.display());
     std::fs::write(target.join("proof"), marker.repeat(64)).unwrap();
     let before = helper_running().unwrap();
-    command("systemctl", &["restart", HELPER]);
+    run("systemctl", &["restart", HELPER]);
     for path in [&staging, &target] {
         visible_on_the_host(path, device).unwrap();
     }
@@ -211,7 +212,7 @@ async fn udev_links_and_hot_plug(node: &mut NodeClient<Channel>) {
         Some(namespace.clone())
     );
     let meta = rustix::fs::stat(&controller).unwrap();
-    let group = command("getent", &["group", "ebs-csi"]);
+    let group = run("getent", &["group", "ebs-csi"]);
     assert_eq!(
         (meta.st_mode & 0o777, meta.st_gid.to_string()),
         (0o640, group.split(':').nth(2).unwrap().to_owned()),
@@ -325,7 +326,7 @@ fn agent_unprivileged_and_other_peers_refused() {
                 if matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset) => {}
             other => panic!("uid {uid} was answered: {other:?}"),
         }
-        let log = command("journalctl", &["-u", HELPER, "-o", "cat", "--no-pager"]);
+        let log = run("journalctl", &["-u", HELPER, "-o", "cat", "--no-pager"]);
         assert!(log.contains(&format!("refused peer peer_uid={uid}")), "{log}");
     }
     match call(65534, 65534, stage()) {
@@ -368,15 +369,15 @@ async fn regressed_units_fail_these_checks(node: &mut NodeClient<Channel>, syste
     let _ = Command::new("systemctl").args(["restart", HELPER]).output().unwrap();
     std::thread::sleep(Duration::from_secs(3));
     let capset = helper_running().expect_err("the helper ran without capset");
-    let log = command("journalctl", &["-u", HELPER, "-o", "cat", "--no-pager", "-n", "20"]);
+    let log = run("journalctl", &["-u", HELPER, "-o", "cat", "--no-pager", "-n", "20"]);
     assert!(log.contains("reducing capabilities"), "{log}");
-    command("systemctl", &["reset-failed", HELPER]);
+    run("systemctl", &["reset-failed", HELPER]);
     let (_, namespace) = wait_for_disk(&serial(VOLUME_A), Duration::ZERO).unwrap();
     let (staging, _) = kubelet_paths(VOLUME_A);
     let mut seen = Vec::new();
     for (setting, private) in [("PrivateMounts=", systemd >= 254), ("PrivateMounts=yes", true)] {
         regress(dropin, setting);
-        command("systemctl", &["restart", HELPER]);
+        run("systemctl", &["restart", HELPER]);
         stage(node, VOLUME_A, &staging).await.unwrap();
         let visible = visible_on_the_host(&staging, device_number(&namespace));
         assert_eq!(visible.is_err(), private, "{setting} on systemd {systemd}: {visible:?}");
@@ -385,12 +386,12 @@ async fn regressed_units_fail_these_checks(node: &mut NodeClient<Channel>, syste
             visible.err().unwrap_or_else(|| "visible".into())
         ));
         // Restarting the helper ends a private namespace and its mount.
-        command("systemctl", &["restart", HELPER]);
+        run("systemctl", &["restart", HELPER]);
         unstage(node, VOLUME_A, &staging).await;
     }
     std::fs::remove_file(dropin).unwrap();
-    command("systemctl", &["daemon-reload"]);
-    command("systemctl", &["restart", HELPER]);
+    run("systemctl", &["daemon-reload"]);
+    run("systemctl", &["restart", HELPER]);
     helper_running().unwrap();
     report(
         5,
@@ -404,7 +405,7 @@ async fn regressed_units_fail_these_checks(node: &mut NodeClient<Channel>, syste
 /// Writes the drop-in `path` with one `[Service]` setting and reloads.
 fn regress(path: &Path, setting: &str) {
     std::fs::write(path, format!("[Service]\n{setting}\n")).unwrap();
-    command("systemctl", &["daemon-reload"]);
+    run("systemctl", &["daemon-reload"]);
 }
 
 /// The helper's pid once it is active and has stayed so for a second.
@@ -432,7 +433,7 @@ fn visible_on_the_host(path: &Path, device: Option<(u32, u32)>) -> Result<(), St
     if mounted_on_host(path) != device {
         return Err(format!("{} is not in /proc/1/mountinfo", path.display()));
     }
-    let outside = command(
+    let outside = run(
         "systemd-run",
         &["--wait", "--pipe", "--quiet", "/bin/cat", "/proc/self/mountinfo"],
     );
@@ -444,10 +445,7 @@ fn visible_on_the_host(path: &Path, device: Option<(u32, u32)>) -> Result<(), St
 }
 
 fn mounted_on_host(path: &Path) -> Option<(u32, u32)> {
-    mountinfo_field(Path::new("/proc/1/mountinfo"), path, |fields| {
-        let (major, minor) = fields.get(2)?.split_once(':')?;
-        Some((major.parse().ok()?, minor.parse().ok()?))
-    })
+    mounted_device_in(Path::new("/proc/1/mountinfo"), path)
 }
 
 /// kubelet's staging and target paths for `volume_id`, their parents made
@@ -536,7 +534,7 @@ fn by_id(volume_id: &str) -> Option<PathBuf> {
 
 /// `ebs-csi-agent devices`, run as the agent's user: volume id → device.
 fn agent_devices() -> HashMap<String, String> {
-    command(
+    run(
         "systemd-run",
         &[
             "--wait",
@@ -559,7 +557,7 @@ fn agent_devices() -> HashMap<String, String> {
 
 /// `systemctl show` of `properties`.
 fn show(unit: &str, properties: &[&str]) -> HashMap<String, String> {
-    let out = command("systemctl", &["show", unit, "-p", &properties.join(",")]);
+    let out = run("systemctl", &["show", unit, "-p", &properties.join(",")]);
     out.lines()
         .filter_map(|l| l.split_once('='))
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -572,7 +570,7 @@ fn main_pid(unit: &str) -> u32 {
 
 /// The overall exposure `systemd-analyze security` gives a running unit.
 fn exposure(unit: &str) -> f64 {
-    let out = command("systemd-analyze", &["security", "--no-pager", unit]);
+    let out = run("systemd-analyze", &["security", "--no-pager", unit]);
     let line = out.lines().find(|l| l.contains("Overall exposure level")).unwrap();
     line.split(": ")
         .nth(1)
@@ -605,15 +603,4 @@ fn field(status: &str, name: &str) -> u64 {
 
 fn decimal(status: &str, name: &str) -> u64 {
     status_line(status, name).parse().unwrap()
-}
-
-/// Runs `program`; panics unless it succeeds; its stdout.
-fn command(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
