@@ -2,7 +2,8 @@
 # needs, idempotently, so a fresh Debian machine needs nothing but this.
 
 CARGO ?= cargo
-APT_PACKAGES := e2fsprogs xfsprogs util-linux fdisk mount systemd python3-venv
+APT_PACKAGES := e2fsprogs xfsprogs util-linux fdisk mount systemd python3-venv \
+	golang-go golang-google-grpc-dev
 # Dependencies build without debug info (see Cargo.toml); two jobs fit the
 # machine's memory while the AWS SDK compiles.
 export CARGO_BUILD_JOBS ?= 2
@@ -11,6 +12,9 @@ export CARGO_BUILD_JOBS ?= 2
 # the deployment validators, in a git-ignored virtual environment.
 MOTO_SPEC := moto[ec2,server]>=5.1,<6
 VALIDATE_SPEC := kubernetes-validate>=1.37,<2 python-hcl2>=8,<9 pyyaml>=6,<7
+# gRPC clients of other stacks for tests/tests/grpc_clients.rs: grpcio here,
+# grpc-go (bookworm's 1.33, as old kubelets have) from APT_PACKAGES.
+GRPC_CLIENT_SPEC := grpcio>=1.60,<2
 VENV := .venv
 
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
@@ -75,13 +79,17 @@ vm-deps:
 image-deps:
 	$(call apt_install,$(IMAGE_PACKAGES))
 
-## moto: install moto into $(VENV) once (a stamp records the spec).
-moto: $(VENV)/.moto-installed
+## moto: install moto, the validators and grpcio into $(VENV) once per
+## spec (the stamp's name is the spec's hash, so a changed spec installs).
+PYTHON_SPEC := $(MOTO_SPEC) $(VALIDATE_SPEC) $(GRPC_CLIENT_SPEC)
+PYTHON_STAMP := $(VENV)/.installed-$(shell echo '$(PYTHON_SPEC)' | sha256sum | cut -c1-12)
+moto: $(PYTHON_STAMP)
 
-$(VENV)/.moto-installed: | deps
+$(PYTHON_STAMP): | deps
 	@test -x $(VENV)/bin/python || python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check '$(MOTO_SPEC)' $(foreach p,$(VALIDATE_SPEC),'$(p)')
-	@echo '$(MOTO_SPEC) $(VALIDATE_SPEC)' > $@
+	$(VENV)/bin/pip install -q --disable-pip-version-check $(foreach p,$(PYTHON_SPEC),'$(p)')
+	@rm -f $(VENV)/.installed-* $(VENV)/.moto-installed
+	@echo '$(PYTHON_SPEC)' > $@
 
 build:
 	$(CARGO) build --workspace --bins

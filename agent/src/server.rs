@@ -39,10 +39,10 @@ pub async fn serve(socket: &Path, identity: IdentityService, node: NodeService) 
     };
     let activated = ebs_csi_linux::activation::listener_from_systemd().map_err(listen_error)?;
     let activated_socket = activated.is_some();
-    let incoming = match activated {
+    let listener = match activated {
         Some(listener) => {
             tracing::info!("serving CSI Identity and Node on the socket systemd passed");
-            endpoint::incoming(listener).map_err(listen_error)?
+            endpoint::adopt(listener).map_err(listen_error)?
         }
         None => {
             tracing::info!(socket = %socket.display(), "serving CSI Identity and Node");
@@ -52,7 +52,7 @@ pub async fn serve(socket: &Path, identity: IdentityService, node: NodeService) 
     tonic::transport::Server::builder()
         .add_service(IdentityServer::new(identity))
         .add_service(NodeServer::new(node))
-        .serve_with_incoming_shutdown(incoming, endpoint::shutdown_signal())
+        .serve_with_incoming_shutdown(endpoint::connections(listener), endpoint::shutdown_signal())
         .await?;
     if !activated_socket {
         let _ = std::fs::remove_file(socket);

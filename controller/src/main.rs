@@ -114,12 +114,12 @@ async fn main() -> anyhow::Result<()> {
         modify_window: args.modify_volume_request_handler_timeout,
         ..Settings::default()
     };
-    let incoming = endpoint::bind(&socket).with_context(|| format!("listening on {}", socket.display()))?;
+    let listener = endpoint::bind(&socket).with_context(|| format!("listening on {}", socket.display()))?;
     tracing::info!(socket = %socket.display(), region = ?config.region(), "serving CSI Identity and Controller");
     tonic::transport::Server::builder()
         .add_service(IdentityServer::new(IdentityService::new(Arc::clone(&ec2))))
         .add_service(ControllerServer::new(ControllerService::new(ec2, settings)))
-        .serve_with_incoming_shutdown(incoming, endpoint::shutdown_signal())
+        .serve_with_incoming_shutdown(endpoint::connections(listener), endpoint::shutdown_signal())
         .await?;
     Ok(())
 }

@@ -6,8 +6,10 @@ use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::{Stream, StreamExt};
 
 use crate::DRIVER_NAME;
+use crate::connection::Connection;
 use crate::v1::plugin_capability::{self, service};
 use crate::v1::{GetPluginCapabilitiesResponse, GetPluginInfoResponse, PluginCapability};
 
@@ -37,23 +39,32 @@ pub fn socket_path(endpoint: &str) -> Result<PathBuf, InvalidEndpoint> {
 ///
 /// # Errors
 /// The error removing the old file, binding or setting the mode.
-pub fn bind(socket: &Path) -> io::Result<UnixListenerStream> {
+pub fn bind(socket: &Path) -> io::Result<UnixListener> {
     match std::fs::remove_file(socket) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
     let listener = UnixListener::bind(socket)?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o660))?;
-    Ok(UnixListenerStream::new(listener))
+    Ok(listener)
 }
 
-/// Serves on a listening socket made elsewhere (systemd socket activation).
+/// A listening socket made elsewhere (systemd socket activation), ready
+/// for [`connections`].
 ///
 /// # Errors
 /// The error making the socket non-blocking.
-pub fn incoming(listener: std::os::unix::net::UnixListener) -> io::Result<UnixListenerStream> {
+pub fn adopt(listener: std::os::unix::net::UnixListener) -> io::Result<UnixListener> {
     listener.set_nonblocking(true)?;
-    Ok(UnixListenerStream::new(UnixListener::from_std(listener)?))
+    UnixListener::from_std(listener)
+}
+
+/// The connections to serve with tonic's `serve_with_incoming`: each
+/// accepted client's bytes pass through the
+/// [`AuthorityFilter`](crate::authority::AuthorityFilter), so any gRPC
+/// client is served, whatever `:authority` it sends.
+pub fn connections(listener: UnixListener) -> impl Stream<Item = io::Result<Connection>> {
+    UnixListenerStream::new(listener).map(|accepted| accepted.map(Connection::new))
 }
 
 /// Completes on SIGTERM or SIGINT (never, if the handlers cannot be set).

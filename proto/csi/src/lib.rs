@@ -7,6 +7,8 @@
 //! the generated code, and prost's derived `Debug` prints them: never log a
 //! request with `{:?}`.
 
+pub mod authority;
+pub mod connection;
 pub mod endpoint;
 pub mod inflight;
 

@@ -1,0 +1,100 @@
+//! A client connection on a CSI unix socket, as tonic serves it.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::UnixStream;
+use tonic::transport::server::{Connected, UdsConnectInfo};
+
+use crate::authority::AuthorityFilter;
+
+/// How many bytes one read from the socket takes.
+const READ_CHUNK: usize = 8192;
+
+/// A unix stream whose incoming bytes pass through an [`AuthorityFilter`],
+/// so that h2 accepts every gRPC client's `:authority`; outgoing bytes are
+/// written unchanged.
+pub struct Connection {
+    stream: UnixStream,
+    filter: AuthorityFilter,
+    filtered: BytesMut,
+    peer: String,
+}
+
+impl Connection {
+    /// Wraps an accepted stream.
+    pub fn new(stream: UnixStream) -> Self {
+        let peer = match stream.peer_cred() {
+            Ok(cred) => format!("pid {} uid {}", cred.pid().unwrap_or_default(), cred.uid()),
+            Err(e) => format!("unknown ({e})"),
+        };
+        Self {
+            stream,
+            filter: AuthorityFilter::new(peer.clone()),
+            filtered: BytesMut::new(),
+            peer,
+        }
+    }
+}
+
+impl AsyncRead for Connection {
+    /// Reads what the filter let through; a client whose bytes it cannot
+    /// follow gets InvalidData (h2 then drops the connection), logged at
+    /// warn with the peer.
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        while this.filtered.is_empty() {
+            let mut chunk = [0; READ_CHUNK];
+            let mut read = ReadBuf::new(&mut chunk);
+            ready!(Pin::new(&mut this.stream).poll_read(cx, &mut read))?;
+            if read.filled().is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+            if let Err(e) = this.filter.push(read.filled(), &mut this.filtered) {
+                tracing::warn!(peer = %this.peer, error = %e, "closing a CSI client connection");
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
+            }
+        }
+        let n = buf.remaining().min(this.filtered.len());
+        buf.put_slice(&this.filtered[..n]);
+        this.filtered.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+impl Connected for Connection {
+    type ConnectInfo = UdsConnectInfo;
+
+    fn connect_info(&self) -> UdsConnectInfo {
+        self.stream.connect_info()
+    }
+}

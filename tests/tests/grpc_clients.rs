@@ -1,0 +1,132 @@
+//! gRPC clients other than tonic, over both CSI unix sockets: grpcio
+//! (gRPC C-core, PyPI) with its default options, which send the
+//! percent-encoded socket path as `:authority`, and with the bare path (as
+//! grpc-java sends it); and grpc-go 1.33 (Debian bookworm) dialing the bare
+//! path the way kubelet before 1.26 registers a plugin and calls it. h2
+//! alone resets all of these with PROTOCOL_ERROR.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration tests: a failed step fails the test"
+)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ebs_csi_proto::v1::{GetPluginInfoResponse, NodeGetInfoResponse};
+use ebs_csi_tests::moto::Controller;
+use ebs_csi_tests::{Agent, Helper, Sandbox, require_root};
+use prost::Message;
+
+const GET_PLUGIN_INFO: &str = "/csi.v1.Identity/GetPluginInfo";
+const NODE_GET_INFO: &str = "/csi.v1.Node/NodeGetInfo";
+
+fn repository() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The hex a client printed, as bytes.
+fn response(output: std::process::Output, client: &str) -> Vec<u8> {
+    assert!(
+        output.status.success(),
+        "{client}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let hex = String::from_utf8(output.stdout).unwrap();
+    let hex = hex.trim();
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// Calls `method` with grpcio from the tests' virtual environment (`make
+/// test` installs it), with `authority` as grpc.default_authority if given.
+fn grpcio(socket: &Path, method: &str, authority: Option<&str>) -> Vec<u8> {
+    let python = repository().join(".venv/bin/python");
+    assert!(python.exists(), "{} is missing: run `make test`", python.display());
+    let mut command = Command::new(python);
+    command
+        .arg(repository().join("tests/grpc-python/call.py"))
+        .arg(socket)
+        .arg(method)
+        .args(authority);
+    response(command.output().unwrap(), &format!("grpcio, authority {authority:?}"))
+}
+
+/// Builds tests/grpc-go against Debian's grpc-go (`make test` installs
+/// golang-go and golang-google-grpc-dev) and calls `method` with it.
+fn grpc_go(socket: &Path, method: &str) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join("kubelet-dial");
+    let build = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&binary)
+        .arg(repository().join("tests/grpc-go/main.go"))
+        .env("GO111MODULE", "off")
+        .env("GOPATH", "/usr/share/gocode")
+        .output()
+        .expect("go: run `make test` (it installs golang-go)");
+    assert!(build.status.success(), "{}", String::from_utf8_lossy(&build.stderr));
+    response(
+        Command::new(binary).arg(socket).arg(method).output().unwrap(),
+        "grpc-go",
+    )
+}
+
+/// Each client's answer to `method` on `socket`.
+fn every_client(socket: &Path, method: &str) -> Vec<(&'static str, Vec<u8>)> {
+    let bare = socket.to_str().unwrap();
+    vec![
+        ("grpcio defaults", grpcio(socket, method, None)),
+        ("grpcio, bare path", grpcio(socket, method, Some(bare))),
+        ("grpc-go 1.33, bare path", grpc_go(socket, method)),
+    ]
+}
+
+#[test]
+fn the_node_socket_serves_every_client() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let agent = Agent::start(&sandbox, &helper);
+    for (client, bytes) in every_client(&agent.socket, NODE_GET_INFO) {
+        let info = NodeGetInfoResponse::decode(bytes.as_slice()).unwrap();
+        assert_eq!(info.node_id, "i-0123456789abcdef0", "{client}");
+    }
+    for (client, bytes) in every_client(&agent.socket, GET_PLUGIN_INFO) {
+        let info = GetPluginInfoResponse::decode(bytes.as_slice()).unwrap();
+        assert_eq!(info.name, "ebs.csi.aws.com", "{client}");
+    }
+    let log = agent.process.log();
+    let warnings: Vec<_> = log.lines().filter(|l| l.contains("serving it as localhost")).collect();
+    let socket = agent.socket.display().to_string();
+    assert!(
+        warnings
+            .iter()
+            .any(|l| l.contains(" WARN ") && l.contains("peer=pid ") && l.contains(&socket)),
+        "one warning per connection, with the peer and the authority: {log}"
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|l| l.contains(&socket.trim_start_matches('/').replace('/', "%2F"))),
+        "grpcio's percent-encoded path: {log}"
+    );
+}
+
+#[test]
+fn the_controller_socket_serves_every_client() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    // GetPluginInfo does not call EC2: an endpoint nothing listens on.
+    let controller = Controller::start_in(sandbox.path(), "http://127.0.0.1:9", "us-east-1", &[]);
+    for (client, bytes) in every_client(&controller.socket, GET_PLUGIN_INFO) {
+        let info = GetPluginInfoResponse::decode(bytes.as_slice()).unwrap();
+        assert_eq!(info.name, "ebs.csi.aws.com", "{client}");
+    }
+}
