@@ -22,6 +22,7 @@ use clap::{Parser, Subcommand};
 use crate::discovery::DeviceFinder;
 use crate::helper::Helper;
 use crate::identity::IdentityService;
+use crate::limits::LimitSettings;
 use crate::metadata::MetadataFlags;
 use crate::node::NodeService;
 
@@ -51,6 +52,10 @@ struct Args {
     /// Maximum volumes per node to report, overriding the instance type's.
     #[arg(long)]
     volume_attach_limit: Option<u32>,
+    /// Attachments taken by volumes the instance boots with, root included
+    /// (default: the root and IMDS's block-device-mapping EBS volumes).
+    #[arg(long)]
+    reserved_volume_attachments: Option<u32>,
     /// Seconds NodeStageVolume and block NodePublishVolume wait for the
     /// volume's device to appear.
     #[arg(long, default_value_t = 60)]
@@ -93,9 +98,11 @@ async fn main() -> anyhow::Result<()> {
         instance_type: args.instance_type,
     };
     let metadata = metadata::resolve(flags).await.context("node metadata")?;
-    let max_volumes = args
-        .volume_attach_limit
-        .unwrap_or_else(|| limits::max_volumes(&metadata.instance_type, metadata.network_interfaces));
+    let limit = LimitSettings {
+        fixed: args.volume_attach_limit,
+        reserved: args.reserved_volume_attachments.unwrap_or(1 + metadata.boot_volumes),
+    };
+    let max_volumes = limit.max_volumes(&metadata);
     tracing::info!(node_id = %metadata.instance_id, zone = %metadata.availability_zone, instance_type = %metadata.instance_type, max_volumes, "node");
     let helper = Helper::new(args.helper_socket, Duration::from_secs(args.helper_timeout_seconds));
     let finder = DeviceFinder::new(args.dev_dir, args.sys_dir, !args.device_poll_only);
@@ -103,7 +110,7 @@ async fn main() -> anyhow::Result<()> {
         helper.clone(),
         finder,
         metadata,
-        max_volumes,
+        limit,
         Duration::from_secs(args.device_wait_seconds),
     );
     server::serve(&socket, IdentityService::new(helper), node).await?;

@@ -17,6 +17,9 @@ pub struct NodeMetadata {
     /// Attached network interfaces (they share attachment slots on most
     /// Nitro types); 1 when not read from IMDS.
     pub network_interfaces: u32,
+    /// EBS volumes besides the root that the instance was launched or last
+    /// started with (IMDS `block-device-mapping/ebsN`); 0 when not read.
+    pub boot_volumes: u32,
 }
 
 /// Values given on the command line; each missing one is read from IMDS.
@@ -54,6 +57,7 @@ pub async fn resolve(flags: MetadataFlags) -> Result<NodeMetadata, MetadataError
             availability_zone,
             instance_type,
             network_interfaces: 1,
+            boot_volumes: 0,
         });
     }
     let client = Client::builder().build();
@@ -83,10 +87,20 @@ pub async fn resolve(flags: MetadataFlags) -> Result<NodeMetadata, MetadataError
     let network_interfaces = u32::try_from(macs.lines().filter(|l| !l.trim().is_empty()).count())
         .unwrap_or(1)
         .max(1);
+    // Entries are `ami`, `root`, `ebsN`, `ephemeralN`, `swap` (EC2 User
+    // Guide, "Instance metadata categories").
+    let boot_volumes = match get("/latest/meta-data/block-device-mapping/").await {
+        Ok(entries) => u32::try_from(entries.lines().filter(|l| l.trim().starts_with("ebs")).count()).unwrap_or(0),
+        Err(e) => {
+            tracing::warn!(error = %e, "boot volumes unknown: only the root volume is reserved");
+            0
+        }
+    };
     Ok(NodeMetadata {
         instance_id,
         availability_zone,
         instance_type,
         network_interfaces,
+        boot_volumes,
     })
 }

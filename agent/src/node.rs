@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status};
 use crate::discovery::DeviceFinder;
 use crate::error::NodeError;
 use crate::helper::Helper;
+use crate::limits::LimitSettings;
 use crate::metadata::NodeMetadata;
 use crate::request::{self, Access};
 use crate::stats;
@@ -40,19 +41,19 @@ pub struct NodeService {
     finder: DeviceFinder,
     in_flight: InFlight,
     metadata: NodeMetadata,
-    max_volumes: u32,
+    limit: LimitSettings,
     device_wait: Duration,
 }
 
 impl NodeService {
-    /// A Node service for the node described by `metadata`, reporting
-    /// `max_volumes` as its attachment limit and waiting up to
+    /// A Node service for the node described by `metadata`, computing its
+    /// attachment limit with `limit` on each NodeGetInfo and waiting up to
     /// `device_wait` for a volume's device to appear.
     pub fn new(
         helper: Helper,
         finder: DeviceFinder,
         metadata: NodeMetadata,
-        max_volumes: u32,
+        limit: LimitSettings,
         device_wait: Duration,
     ) -> Self {
         Self {
@@ -60,7 +61,7 @@ impl NodeService {
             finder,
             in_flight: InFlight::default(),
             metadata,
-            max_volumes,
+            limit,
             device_wait,
         }
     }
@@ -314,7 +315,7 @@ impl Node for NodeService {
         let zone = &self.metadata.availability_zone;
         Ok(Response::new(NodeGetInfoResponse {
             node_id: self.metadata.instance_id.clone(),
-            max_volumes_per_node: i64::from(self.max_volumes),
+            max_volumes_per_node: i64::from(self.limit.max_volumes(&self.metadata)),
             accessible_topology: Some(Topology {
                 segments: [
                     (TOPOLOGY_KEY_ZONE.to_owned(), zone.clone()),

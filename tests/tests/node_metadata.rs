@@ -52,6 +52,12 @@ fn start_imds_stub() -> (String, Arc<Mutex<Vec<String>>>) {
                 (Some("GET"), Some("/latest/meta-data/network/interfaces/macs/")) => {
                     ("200 OK", "", "0a:00:00:00:00:01/\n0a:00:00:00:00:02/")
                 }
+                // One entry per line: `ami`, `root`, `ebsN` for each EBS
+                // volume besides the root, `ephemeralN` (EC2 User Guide,
+                // "Instance metadata categories", block-device-mapping/).
+                (Some("GET"), Some("/latest/meta-data/block-device-mapping/")) => {
+                    ("200 OK", "", "ami\nebs1\nebs2\nephemeral0\nroot")
+                }
                 _ => ("404 Not Found", "", ""),
             };
             let response = format!(
@@ -86,8 +92,9 @@ async fn node_info_comes_from_imds_when_flags_are_absent() {
         .unwrap()
         .into_inner();
     assert_eq!(info.node_id, "i-0fedcba9876543210");
-    // m5.xlarge shares 28 slots: minus 2 ENIs, minus the root volume.
-    assert_eq!(info.max_volumes_per_node, 25);
+    // m5.xlarge: EC2's MaximumEbsAttachments is 27 (shared); minus the
+    // second ENI, the root and the two boot EBS volumes.
+    assert_eq!(info.max_volumes_per_node, 23);
     assert_eq!(
         info.accessible_topology
             .unwrap()
@@ -127,4 +134,29 @@ async fn flags_win_over_imds_and_the_limit_flag_over_the_table() {
         .into_inner();
     assert_eq!(info.node_id, "i-0123456789abcdef0");
     assert_eq!(info.max_volumes_per_node, 7);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reserved_attachments_flag_replaces_the_boot_volumes() {
+    if !require_root() {
+        return;
+    }
+    let (endpoint, _) = start_imds_stub();
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let agent = Agent::spawn(
+        &sandbox,
+        &helper,
+        &["--reserved-volume-attachments", "5"],
+        &[("AWS_EC2_METADATA_SERVICE_ENDPOINT", &endpoint)],
+    );
+    let info = agent
+        .node()
+        .await
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    // m5.xlarge: 27, minus the second ENI, minus the 5 reserved.
+    assert_eq!(info.max_volumes_per_node, 21);
 }
