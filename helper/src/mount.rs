@@ -77,8 +77,14 @@ pub fn mount_filesystem(
     options: &MountOptions,
 ) -> Result<(), HelperError> {
     let mut data = options.data.clone();
-    if fs == FsType::Xfs {
-        data.push("nouuid");
+    if fs == FsType::Xfs && !data.iter().any(|o| o == "nouuid") {
+        data.push("nouuid".to_owned());
+    }
+    if !selinux_enabled() && data.iter().any(|o| o.starts_with("context=")) {
+        // The kernel refuses a label it has no LSM for (EINVAL); mount(8)
+        // drops it (libmount), and so does this, for the same classes.
+        tracing::info!("SELinux is not enabled: the context= option is left out");
+        data.retain(|o| !o.starts_with("context="));
     }
     let data = CString::new(data.join(",")).map_err(|e| system("mount data", e))?;
     let flags = options.flags | MountFlags::NOSUID | MountFlags::NODEV;
@@ -93,6 +99,12 @@ pub fn mount_filesystem(
         Some(data.as_c_str()),
     )
     .map_err(|e| system(format!("mounting {source}"), e))
+}
+
+/// Whether SELinux is enabled: its filesystem is mounted (libselinux's
+/// `is_selinux_enabled` test).
+fn selinux_enabled() -> bool {
+    std::path::Path::new("/sys/fs/selinux/enforce").exists()
 }
 
 /// Bind-mounts `source` onto `target` (`MS_BIND`, not recursive).

@@ -2,8 +2,12 @@
 //! flags and filesystem data.
 //!
 //! Options that weaken the node (`suid`, `dev`, `exec` of other
-//! filesystems' semantics, `user`, `context=`, …) are not on the list; a
-//! request with any option not on it is refused as a whole.
+//! filesystems' semantics, `user`, paths such as `journal_path=` or
+//! `usrjquota=`, …) are not on the list; a request with any option not on it
+//! is refused as a whole. Options with a value are accepted only in a fixed
+//! shape: `commit=` a number of seconds, `context=` an SELinux label of a
+//! container file type (what kubelet passes when the CSIDriver has
+//! `seLinuxMount`).
 
 use ebs_csi_helper_proto::{FsType, HelperError};
 use rustix::mount::MountFlags;
@@ -26,19 +30,50 @@ const FLAG_OPTIONS: [(&str, MountFlags); 13] = [
     ("nodev", MountFlags::NODEV),
 ];
 
-/// Filesystem-specific options passed as mount data (ext4(5), xfs(5)).
-const DATA_OPTIONS: [(&str, &[FsType]); 10] = [
-    ("discard", &[FsType::Ext4, FsType::Xfs]),
-    ("nodiscard", &[FsType::Ext4, FsType::Xfs]),
-    ("barrier", &[FsType::Ext3, FsType::Ext4]),
-    ("nobarrier", &[FsType::Ext3, FsType::Ext4]),
-    ("data=ordered", &[FsType::Ext3, FsType::Ext4]),
-    ("data=writeback", &[FsType::Ext3, FsType::Ext4]),
-    ("errors=remount-ro", &[FsType::Ext2, FsType::Ext3, FsType::Ext4]),
-    ("errors=continue", &[FsType::Ext2, FsType::Ext3, FsType::Ext4]),
-    ("noquota", &[FsType::Xfs]),
-    ("inode64", &[FsType::Xfs]),
+const EXT: &[FsType] = &[FsType::Ext2, FsType::Ext3, FsType::Ext4];
+const EXT34: &[FsType] = &[FsType::Ext3, FsType::Ext4];
+const XFS: &[FsType] = &[FsType::Xfs];
+const EXT4_XFS: &[FsType] = &[FsType::Ext4, FsType::Xfs];
+const ALL: &[FsType] = &[FsType::Ext2, FsType::Ext3, FsType::Ext4, FsType::Xfs];
+
+/// Filesystem-specific options passed as mount data (ext4(5), xfs(5)):
+/// behaviour and quota accounting, nothing that names a file.
+const DATA_OPTIONS: [(&str, &[FsType]); 22] = [
+    ("discard", EXT4_XFS),
+    ("nodiscard", EXT4_XFS),
+    ("barrier", EXT34),
+    ("nobarrier", EXT34),
+    ("data=ordered", EXT34),
+    ("data=writeback", EXT34),
+    ("errors=remount-ro", EXT),
+    ("errors=continue", EXT),
+    ("inode64", XFS),
+    // Checked by the kernel against the filesystem's features; without
+    // them the mount fails (INTERNAL), nothing else happens.
+    ("quota", ALL),
+    ("noquota", ALL),
+    ("usrquota", ALL),
+    ("grpquota", ALL),
+    ("prjquota", EXT4_XFS),
+    ("uquota", XFS),
+    ("gquota", XFS),
+    ("pquota", XFS),
+    ("uqnoenforce", XFS),
+    ("gqnoenforce", XFS),
+    ("pqnoenforce", XFS),
+    ("qnoenforce", XFS),
+    // XFS is always mounted with nouuid (see crate::mount); asking again
+    // changes nothing.
+    ("nouuid", XFS),
 ];
+
+/// The longest `commit=` interval accepted, in seconds (a day).
+const MAX_COMMIT_SECONDS: u32 = 86_400;
+
+/// SELinux file types a `context=` label may carry: those container
+/// runtimes label container files with (container-selinux's
+/// `container_file_t`, and its older alias).
+const CONTAINER_FILE_TYPES: [&str; 2] = ["container_file_t", "svirt_sandbox_file_t"];
 
 /// Parsed mount options.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,17 +81,18 @@ pub struct MountOptions {
     /// Flags for `mount(2)`.
     pub flags: MountFlags,
     /// Filesystem data options, comma-joined for `mount(2)`'s `data`.
-    pub data: Vec<&'static str>,
+    pub data: Vec<String>,
 }
 
 /// Parses CSI `mount_flags` (each entry may itself hold comma-separated
-/// options) for a filesystem of type `fs`; `None` means a bind mount, where
-/// filesystem options are accepted if some filesystem allows them but have
-/// no effect (the kernel ignores data on a bind remount).
+/// options; commas inside double quotes, as in an SELinux level, do not
+/// separate) for a filesystem of type `fs`; `None` means a bind mount,
+/// where filesystem options are accepted if some filesystem allows them but
+/// have no effect (the kernel ignores data on a bind mount).
 ///
 /// # Errors
 /// [`HelperError::MountOptionRefused`] naming the first option that is not
-/// on the allowlist for `fs`.
+/// on the allowlist for `fs`, or whose value has not the accepted shape.
 pub fn parse(fs: Option<FsType>, mount_flags: &[String]) -> Result<MountOptions, HelperError> {
     let mut parsed = MountOptions {
         flags: MountFlags::empty(),
@@ -64,7 +100,7 @@ pub fn parse(fs: Option<FsType>, mount_flags: &[String]) -> Result<MountOptions,
     };
     for option in mount_flags
         .iter()
-        .flat_map(|f| f.split(','))
+        .flat_map(|f| split(f))
         .map(str::trim)
         .filter(|o| !o.is_empty())
     {
@@ -72,59 +108,69 @@ pub fn parse(fs: Option<FsType>, mount_flags: &[String]) -> Result<MountOptions,
             parsed.flags |= *flag;
             continue;
         }
-        let (name, filesystems) = DATA_OPTIONS
-            .iter()
-            .find(|(name, _)| *name == option)
-            .ok_or_else(|| HelperError::MountOptionRefused(option.to_owned()))?;
+        let refused = || HelperError::MountOptionRefused(option.to_owned());
+        let (data, filesystems) = data_option(option).ok_or_else(refused)?;
         match fs {
-            Some(fs) if filesystems.contains(&fs) => parsed.data.push(name),
-            Some(_) => return Err(HelperError::MountOptionRefused(option.to_owned())),
-            None => {}
+            Some(fs) if !filesystems.contains(&fs) => return Err(refused()),
+            Some(_) if !parsed.data.contains(&data) => parsed.data.push(data),
+            _ => {}
         }
     }
     Ok(parsed)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn strings(options: &[&str]) -> Vec<String> {
-        options.iter().map(|s| (*s).to_owned()).collect()
+/// `option` as mount data and the filesystems that take it, if allowed.
+fn data_option(option: &str) -> Option<(String, &'static [FsType])> {
+    if let Some((_, filesystems)) = DATA_OPTIONS.iter().find(|(name, _)| *name == option) {
+        return Some((option.to_owned(), filesystems));
     }
-
-    #[test]
-    fn maps_allowed_options() {
-        let parsed = parse(Some(FsType::Ext4), &strings(&["noatime,discard", "nodiratime", "rw"])).unwrap();
-        assert_eq!(parsed.flags, MountFlags::NOATIME | MountFlags::NODIRATIME);
-        assert_eq!(parsed.data, vec!["discard"]);
-        let bind = parse(None, &strings(&["ro", "discard"])).unwrap();
-        assert_eq!(
-            bind,
-            MountOptions {
-                flags: MountFlags::RDONLY,
-                data: vec![]
-            }
-        );
-    }
-
-    #[test]
-    fn refuses_everything_else() {
-        for (fs, option) in [
-            (Some(FsType::Ext4), "suid"),
-            (Some(FsType::Ext4), "dev"),
-            (Some(FsType::Ext4), "exec"),
-            (Some(FsType::Ext4), "user"),
-            (Some(FsType::Ext4), "context=system_u:object_r:x"),
-            (Some(FsType::Ext4), "noatime,bind"),
-            (Some(FsType::Xfs), "nobarrier"),
-            (Some(FsType::Ext2), "discard"),
-            (Some(FsType::Ext4), "data=journal"),
-            (None, "rbind"),
-            (None, "x-mount.mkdir"),
-        ] {
-            let err = parse(fs, &strings(&[option])).unwrap_err();
-            assert!(matches!(err, HelperError::MountOptionRefused(_)), "{option}");
+    let (name, value) = option.split_once('=')?;
+    match name {
+        "commit" if value.bytes().all(|b| b.is_ascii_digit()) => {
+            let seconds: u32 = value.parse().ok().filter(|s| *s <= MAX_COMMIT_SECONDS)?;
+            Some((format!("commit={seconds}"), EXT34))
         }
+        "context" => container_label(value).map(|label| (format!("context=\"{label}\""), ALL)),
+        _ => None,
     }
 }
+
+/// The SELinux label in `value` (`user:role:type[:level]`, optionally in
+/// double quotes) if its type is a container file type and every part has
+/// only the characters labels are made of.
+fn container_label(value: &str) -> Option<&str> {
+    let label = value
+        .strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap_or(value);
+    let mut parts = label.splitn(4, ':');
+    let (user, role, kind) = (parts.next()?, parts.next()?, parts.next()?);
+    let level = parts.next().unwrap_or("");
+    let word = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    let level_ok = level
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"_.:,-".contains(&b));
+    (word(user) && word(role) && CONTAINER_FILE_TYPES.contains(&kind) && level_ok).then_some(label)
+}
+
+/// `flags` split at the commas that are not inside double quotes.
+fn split(flags: &str) -> Vec<&str> {
+    let mut options = Vec::new();
+    let (mut start, mut quoted) = (0, false);
+    for (i, c) in flags.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                options.push(&flags[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    options.push(&flags[start..]);
+    options
+}
+
+#[cfg(test)]
+#[path = "options_tests.rs"]
+mod tests;

@@ -105,6 +105,16 @@ pub fn mount_type(path: &Path) -> String {
     .unwrap_or_default()
 }
 
+/// The super options (filesystem-specific, comma-separated) of the mount
+/// at `path`.
+pub fn super_options(path: &Path) -> String {
+    mount_field(path, |fields| {
+        let dash = fields.iter().position(|f| *f == "-")?;
+        fields.get(dash + 3).map(|s| (*s).to_owned())
+    })
+    .unwrap_or_default()
+}
+
 fn mount_field<T>(path: &Path, field: impl Fn(&[&str]) -> Option<T>) -> Option<T> {
     mountinfo_field(Path::new("/proc/self/mountinfo"), path, field)
 }

@@ -234,10 +234,11 @@ fn two_hundred_hostile_requests_change_nothing() {
         ("\0", "\0"),
         ("noatime\0suid", "noatime\0suid"),
         ("a=b", "a=b"),
-        ("commit=0", "commit=0"),
-        ("nouuid,suid", "nouuid"),
-        ("quota", "quota"),
-        ("usrquota", "usrquota"),
+        ("commit=1e3", "commit=1e3"),
+        ("suid,nouuid", "suid"),
+        ("usrjquota=/etc/passwd", "usrjquota=/etc/passwd"),
+        ("jqfmt=vfsv0", "jqfmt=vfsv0"),
+        ("context=\"system_u:object_r:container_file_t:s0\",dev", "dev"),
     ];
     for (flag, first_refused) in hostile_flags {
         let refused = HelperError::MountOptionRefused(first_refused.to_owned());
