@@ -66,10 +66,14 @@ impl NodeService {
         }
     }
 
-    /// The volume's in-flight guard; ABORTED while another call holds it.
-    fn guard(&self, volume_id: &VolumeId) -> Result<InFlightGuard, NodeError> {
+    /// The volume's in-flight guard for a call that asks `request` (the
+    /// RPC's name and its parsed fields, no secrets): ABORTED while a
+    /// different call holds it; an identical call waits for the one
+    /// running, then runs (and finds its work done).
+    async fn guard(&self, volume_id: &VolumeId, request: impl std::fmt::Debug) -> Result<InFlightGuard, NodeError> {
         self.in_flight
-            .acquire(volume_id.as_str())
+            .acquire_or_wait(volume_id.as_str(), &format!("{request:?}"))
+            .await
             .map_err(|e| NodeError::Aborted(e.0))
     }
 
@@ -81,11 +85,17 @@ impl NodeService {
             return Ok(NodeStageVolumeResponse {});
         };
         let format = request::format_options(&r.volume_context)?;
-        let _guard = self.guard(&volume_id)?;
-        let device = self
-            .finder
-            .wait(&volume_id, device_path(&r.publish_context), self.device_wait)
-            .await?;
+        let device_path = device_path(&r.publish_context);
+        let asked = (
+            "NodeStageVolume",
+            staging_path,
+            fs_type,
+            &mount_flags,
+            &format,
+            device_path,
+        );
+        let _guard = self.guard(&volume_id, asked).await?;
+        let device = self.finder.wait(&volume_id, device_path, self.device_wait).await?;
         tracing::info!(%volume_id, device = %device.display(), staging_path, fs_type = fs_type.name(), "staging");
         self.helper
             .call(HelperRequest::Stage(StageRequest {
@@ -103,7 +113,7 @@ impl NodeService {
     async fn unstage(&self, r: NodeUnstageVolumeRequest) -> Result<NodeUnstageVolumeResponse, NodeError> {
         let volume_id = request::existing_volume_id(&r.volume_id)?;
         let staging_path = request::required_path("staging_target_path", &r.staging_target_path)?;
-        let _guard = self.guard(&volume_id)?;
+        let _guard = self.guard(&volume_id, ("NodeUnstageVolume", staging_path)).await?;
         tracing::info!(%volume_id, staging_path, "unstaging");
         self.helper
             .call(HelperRequest::Unstage(UnstageRequest {
@@ -118,12 +128,21 @@ impl NodeService {
         let target_path = request::required_path("target_path", &r.target_path)?;
         let access = request::capability(r.volume_capability.as_ref())?;
         let staging_path = request::required_path("staging_target_path", &r.staging_target_path)?;
-        let _guard = self.guard(&volume_id)?;
+        let device_path = device_path(&r.publish_context);
+        let asked = (
+            "NodePublishVolume",
+            target_path,
+            &access,
+            staging_path,
+            r.readonly,
+            device_path,
+        );
+        let _guard = self.guard(&volume_id, asked).await?;
         // The helper binds only what it proves to be this volume, so both
         // sources name the device.
         let device = self
             .finder
-            .wait(&volume_id, device_path(&r.publish_context), self.device_wait)
+            .wait(&volume_id, device_path, self.device_wait)
             .await?
             .to_string_lossy()
             .into_owned();
@@ -153,7 +172,7 @@ impl NodeService {
     async fn unpublish(&self, r: NodeUnpublishVolumeRequest) -> Result<NodeUnpublishVolumeResponse, NodeError> {
         let volume_id = request::existing_volume_id(&r.volume_id)?;
         let target_path = request::required_path("target_path", &r.target_path)?;
-        let _guard = self.guard(&volume_id)?;
+        let _guard = self.guard(&volume_id, ("NodeUnpublishVolume", target_path)).await?;
         tracing::info!(%volume_id, target_path, "unpublishing");
         self.helper
             .call(HelperRequest::Unpublish(UnpublishRequest {
@@ -178,7 +197,9 @@ impl NodeService {
             .as_ref()
             .map(|c| request::capability(Some(c)))
             .transpose()?;
-        let _guard = self.guard(&volume_id)?;
+        let _guard = self
+            .guard(&volume_id, ("NodeExpandVolume", volume_path, &access))
+            .await?;
         let device = self
             .finder
             .find(&volume_id, None)

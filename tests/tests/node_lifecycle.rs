@@ -15,7 +15,7 @@ use ebs_csi_proto::v1::node_client::NodeClient;
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use ebs_csi_proto::v1::*;
-use ebs_csi_tests::{Agent, Helper, LoopVolume, Sandbox, is_mounted, require_root};
+use ebs_csi_tests::{Agent, Helper, LoopVolume, Sandbox, is_mounted, mounts_under, require_root};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -394,34 +394,49 @@ async fn expand_grows_the_filesystem_online() {
     }
 }
 
+/// Nomad calls NodeStageVolume with its own deadline and, on a timeout,
+/// calls again with the same request; ABORTED it takes as final and fails
+/// the allocation (DESIGN.md §6). So the same request waits for the one in
+/// flight; a different call for the volume is still ABORTED.
 #[tokio::test(flavor = "multi_thread")]
-async fn concurrent_calls_on_one_volume_are_aborted_and_stage_waits_for_the_device() {
+async fn an_identical_call_waits_for_the_first_and_a_different_one_is_aborted() {
     if !require_root() {
         return;
     }
-    let mut node = Node::start().await;
     let volume_id = "vol-0123456789abcdef7";
-    let mut first = node.client.clone();
+    let mut node = Node::start_nomad(volume_id).await;
     let request = NodeStageVolumeRequest {
         volume_id: volume_id.into(),
         staging_target_path: path(&node.staging),
         volume_capability: Some(mount("ext4", Mode::SingleNodeWriter)),
+        publish_context: [("devicePath".to_owned(), "/dev/xvdba".to_owned())].into(),
         ..Default::default()
     };
-    let waiting = tokio::spawn({
-        let request = request.clone();
-        async move { first.node_stage_volume(request).await }
-    });
+    let client = node.client.clone();
+    let stage = |request: NodeStageVolumeRequest| {
+        let mut client = client.clone();
+        tokio::spawn(async move { client.node_stage_volume(request).await })
+    };
+    let first = stage(request.clone());
     // The first call is now waiting for a device that does not exist yet.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let second = node.client.node_stage_volume(request.clone()).await.unwrap_err();
-    assert_eq!(second.code(), Code::Aborted, "{second:?}");
+    let retry = stage(request.clone());
+    let other_staging = node.staging.with_file_name("ro-file-system-single-node-reader-only");
+    let different = NodeStageVolumeRequest {
+        staging_target_path: path(&other_staging),
+        ..request.clone()
+    };
+    let aborted = node.client.node_stage_volume(different).await.unwrap_err();
+    assert_eq!(aborted.code(), Code::Aborted, "{aborted:?}");
     let unstage = node.unstage(volume_id).await.unwrap_err();
     assert_eq!(unstage.code(), Code::Aborted);
-    // Attach: the waiting call notices the device and stages it.
+    assert!(!retry.is_finished(), "the retry waits for the first call");
+    // Attach: the first call notices the device and stages it; the retry
+    // then finds it staged.
     let _volume = node.volume(volume_id, 64);
-    waiting.await.unwrap().unwrap();
-    assert!(is_mounted(&node.staging));
+    first.await.unwrap().unwrap();
+    retry.await.unwrap().unwrap();
+    assert_eq!(mounts_under(&node.staging).len(), 1, "staged once");
     node.unstage(volume_id).await.unwrap();
 }
 
