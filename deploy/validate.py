@@ -11,8 +11,9 @@ Kubernetes: each overlay is rendered with `kubectl kustomize` and every
 object is checked with kubernetes-validate --strict (Kubernetes
 KUBERNETES_VERSION); kinds it has no schema for (the snapshot CRDs) are
 checked field by field here. Then: the agent container is unprivileged,
-the helper container is the only privileged one, and the helper admits
-the agent's uid and group. Nomad: every .hcl parses (python-hcl2), plugin
+the helper container is the only privileged one, the helper admits
+the agent's uid and group, and the controller's sidecars enable
+VolumeAttributesClass and wait long enough for an attach and a Probe. Nomad: every .hcl parses (python-hcl2), plugin
 ids and types agree across the jobs and the volume, and the helper's
 systemd drop-in allows the node plugin's directory. Prints one line per
 failure and exits 1 if there was any.
@@ -159,6 +160,36 @@ def check_node(where, daemonset, helper_in_pod):
         check_helper(where, pod_spec, agent, helper)
 
 
+# ControllerPublishVolume waits this long for `attached` before it detaches
+# a stuck attachment (controller/src/service/mod.rs, Settings::attach_timeout).
+ATTACH_WAIT_SECONDS = 90
+
+
+def seconds(duration):
+    """Seconds in a Go duration such as `90s`, `6m` or `1m30s`, or None."""
+    parts = re.fullmatch(r"((\d+)h)?((\d+)m)?((\d+)s)?", duration or "")
+    if not parts or not duration:
+        return None
+    hours, minutes, secs = (int(parts.group(i) or 0) for i in (2, 4, 6))
+    return hours * 3600 + minutes * 60 + secs
+
+
+def check_controller(where, deployment):
+    """Sidecar settings the controller's behaviour needs."""
+    by_name = {c["name"]: c for c in containers(deployment["spec"]["template"]["spec"])}
+    for sidecar in ("csi-provisioner", "csi-resizer"):
+        gates = flag_value(by_name.get(sidecar, {}).get("args", []), "--feature-gates") or ""
+        if "VolumeAttributesClass=true" not in gates.split(","):
+            fail(f"{where} {sidecar}", "VolumeAttributesClass is not enabled (off by default in this version)")
+    timeout = seconds(flag_value(by_name.get("csi-attacher", {}).get("args", []), "--timeout"))
+    if timeout is None or timeout <= ATTACH_WAIT_SECONDS:
+        fail(f"{where} csi-attacher", f"--timeout {timeout}s is not longer than the attach wait")
+    probe = seconds(flag_value(by_name.get("liveness-probe", {}).get("args", []), "--probe-timeout"))
+    kubelet = by_name.get("ebs-plugin", {}).get("livenessProbe", {}).get("timeoutSeconds", 1)
+    if probe is None or probe < 10 or kubelet < probe:
+        fail(f"{where} liveness-probe", f"--probe-timeout {probe}s with the kubelet's timeoutSeconds {kubelet}")
+
+
 def check_overlay(overlay, flags):
     rendered = subprocess.run(
         ["kubectl", "kustomize", str(DEPLOY / "kubernetes/overlays" / overlay)],
@@ -183,6 +214,8 @@ def check_overlay(overlay, flags):
                 fail(f"{where} {container['name']}", f"is {state}")
         if obj["kind"] == "DaemonSet":
             check_node(where, obj, helper_in_pod=overlay == "standard")
+        if obj["kind"] == "Deployment":
+            check_controller(where, obj)
     kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
     if ("CSIDriver", DRIVER) not in kinds:
         fail(overlay, f"no CSIDriver {DRIVER}")
@@ -302,6 +335,13 @@ BREAKS = [
      "drop: [ALL]\n              add: [SYS_ADMIN]\n          volumeMounts:\n            - name: plugin-dir\n",
      "ebs-plugin: is privileged"),
     ("kubernetes/base/controller.yaml", "  replicas: 2", "  replicas: 2\n  paused: maybe", "paused"),
+    ("kubernetes/base/controller.yaml", "- --feature-gates=VolumeAttributesClass=true", "- --feature-gates=",
+     "csi-resizer: VolumeAttributesClass"),
+    ("kubernetes/base/controller.yaml", "Topology=true,VolumeAttributesClass=true", "Topology=true",
+     "csi-provisioner: VolumeAttributesClass"),
+    ("kubernetes/base/controller.yaml", "- --timeout=6m", "- --timeout=60s", "--timeout 60s"),
+    ("kubernetes/base/controller.yaml", "- --probe-timeout=60s", "- --probe-timeout=1s", "--probe-timeout 1s"),
+    ("kubernetes/base/controller.yaml", "timeoutSeconds: 60", "timeoutSeconds: 3", "timeoutSeconds 3"),
     ("kubernetes/overlays/standard/helper-container.yaml", "privileged: true", "privileged: false",
      "ebs-csi-helper: is not privileged"),
     ("kubernetes/overlays/standard/helper-container.yaml", "--allowed-uid=990", "--allowed-uid=0",
