@@ -12,6 +12,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use ebs_csi_proto::v1::{GetPluginInfoResponse, NodeGetInfoResponse};
 use ebs_csi_tests::moto::Controller;
@@ -54,22 +55,29 @@ fn grpcio(socket: &Path, method: &str, authority: Option<&str>) -> Vec<u8> {
     response(command.output().unwrap(), &format!("grpcio, authority {authority:?}"))
 }
 
-/// Builds tests/grpc-go against Debian's grpc-go (`make test` installs
-/// golang-go and golang-google-grpc-dev) and calls `method` with it.
+/// tests/grpc-go built once per test run against Debian's grpc-go (`make
+/// test` installs golang-go and golang-google-grpc-dev).
+fn kubelet_dial() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let binary = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kubelet-dial");
+        let build = Command::new("go")
+            .args(["build", "-o"])
+            .arg(&binary)
+            .arg(repository().join("tests/grpc-go/main.go"))
+            .env("GO111MODULE", "off")
+            .env("GOPATH", "/usr/share/gocode")
+            .output()
+            .expect("go: run `make test` (it installs golang-go)");
+        assert!(build.status.success(), "{}", String::from_utf8_lossy(&build.stderr));
+        binary
+    })
+}
+
+/// Calls `method` with grpc-go, dialing the bare socket path.
 fn grpc_go(socket: &Path, method: &str) -> Vec<u8> {
-    let dir = tempfile::tempdir().unwrap();
-    let binary = dir.path().join("kubelet-dial");
-    let build = Command::new("go")
-        .args(["build", "-o"])
-        .arg(&binary)
-        .arg(repository().join("tests/grpc-go/main.go"))
-        .env("GO111MODULE", "off")
-        .env("GOPATH", "/usr/share/gocode")
-        .output()
-        .expect("go: run `make test` (it installs golang-go)");
-    assert!(build.status.success(), "{}", String::from_utf8_lossy(&build.stderr));
     response(
-        Command::new(binary).arg(socket).arg(method).output().unwrap(),
+        Command::new(kubelet_dial()).arg(socket).arg(method).output().unwrap(),
         "grpc-go",
     )
 }

@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
-use ebs_csi_proto::v1::NodeGetInfoRequest;
+use ebs_csi_proto::v1::{NodeGetInfoRequest, NodeGetInfoResponse};
 use ebs_csi_tests::{Agent, Helper, Sandbox, require_root};
 
 const TOKEN: &str = "stub-token";
@@ -70,6 +70,11 @@ fn start_imds_stub() -> (String, Arc<Mutex<Vec<String>>>) {
     (address, log)
 }
 
+async fn node_info(agent: &Agent) -> NodeGetInfoResponse {
+    let mut node = agent.node().await;
+    node.node_get_info(NodeGetInfoRequest {}).await.unwrap().into_inner()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn node_info_comes_from_imds_when_flags_are_absent() {
     if !require_root() {
@@ -84,13 +89,7 @@ async fn node_info_comes_from_imds_when_flags_are_absent() {
         &[],
         &[("AWS_EC2_METADATA_SERVICE_ENDPOINT", &endpoint)],
     );
-    let info = agent
-        .node()
-        .await
-        .node_get_info(NodeGetInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let info = node_info(&agent).await;
     assert_eq!(info.node_id, "i-0fedcba9876543210");
     // m5.xlarge: EC2's MaximumEbsAttachments is 27 (shared); minus the
     // second ENI, the root and the two boot EBS volumes.
@@ -125,13 +124,7 @@ async fn flags_win_over_imds_and_the_limit_flag_over_the_table() {
         &args,
         &[("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:9")],
     );
-    let info = agent
-        .node()
-        .await
-        .node_get_info(NodeGetInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let info = node_info(&agent).await;
     assert_eq!(info.node_id, "i-0123456789abcdef0");
     assert_eq!(info.max_volumes_per_node, 7);
 }
@@ -150,13 +143,7 @@ async fn reserved_attachments_flag_replaces_the_boot_volumes() {
         &["--reserved-volume-attachments", "5"],
         &[("AWS_EC2_METADATA_SERVICE_ENDPOINT", &endpoint)],
     );
-    let info = agent
-        .node()
-        .await
-        .node_get_info(NodeGetInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let info = node_info(&agent).await;
     // m5.xlarge: 27, minus the second ENI, minus the 5 reserved.
     assert_eq!(info.max_volumes_per_node, 21);
 }

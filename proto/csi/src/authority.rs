@@ -114,6 +114,11 @@ impl AuthorityFilter {
         }
     }
 
+    /// The peer this filter's connection is from.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
     /// Takes the next bytes the client sent and appends to `out` those h2
     /// may read now: everything up to the last complete frame (a header
     /// block once it is complete), other frames' payloads as they arrive.

@@ -21,7 +21,6 @@ pub struct Connection {
     stream: UnixStream,
     filter: AuthorityFilter,
     filtered: BytesMut,
-    peer: String,
 }
 
 impl Connection {
@@ -33,9 +32,8 @@ impl Connection {
         };
         Self {
             stream,
-            filter: AuthorityFilter::new(peer.clone()),
+            filter: AuthorityFilter::new(peer),
             filtered: BytesMut::new(),
-            peer,
         }
     }
 }
@@ -54,7 +52,7 @@ impl AsyncRead for Connection {
                 return Poll::Ready(Ok(()));
             }
             if let Err(e) = this.filter.push(read.filled(), &mut this.filtered) {
-                tracing::warn!(peer = %this.peer, error = %e, "closing a CSI client connection");
+                tracing::warn!(peer = %this.filter.peer(), error = %e, "closing a CSI client connection");
                 return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
             }
         }
