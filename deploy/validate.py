@@ -38,6 +38,8 @@ AGENT_UID = 990
 AGENT_CONTAINER = "ebs-plugin"
 HELPER_CONTAINER = "ebs-csi-helper"
 DRIVER = "ebs.csi.aws.com"
+NODE_ACCOUNT = "ebs-csi-node-sa"
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 failures = []
 
@@ -127,7 +129,46 @@ def check_agent(where, pod_spec, agent):
     if any(e["name"].startswith("AWS_") for e in agent.get("env", [])):
         fail(where, "the agent must have no AWS settings or credentials")
     if pod_spec.get("automountServiceAccountToken") is not False:
-        fail(where, "the node pod must not mount a Kubernetes token")
+        fail(where, "the node pod must not automount a Kubernetes token")
+    env = {e["name"]: e for e in agent.get("env", [])}
+    if env.get("CSI_NODE_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "spec.nodeName":
+        fail(where, "the agent's CSI_NODE_NAME must come from spec.nodeName")
+
+
+def token_volumes(pod_spec):
+    """Names of the pod's volumes that project a service account token."""
+    return {
+        v["name"]
+        for v in pod_spec.get("volumes", [])
+        if any("serviceAccountToken" in s for s in v.get("projected", {}).get("sources", []))
+    }
+
+
+def check_node_token(where, pod_spec):
+    """Only the agent mounts a token, where in-cluster clients look for it."""
+    tokens = token_volumes(pod_spec)
+    agent_mounts = [m for c in containers(pod_spec) if c["name"] == AGENT_CONTAINER for m in c.get("volumeMounts", [])]
+    if not any(m["name"] in tokens for m in agent_mounts):
+        fail(where, "the agent mounts no token for the kubernetes metadata source")
+    for container in containers(pod_spec):
+        for mount in container.get("volumeMounts", []):
+            if mount["name"] not in tokens:
+                continue
+            if container["name"] != AGENT_CONTAINER:
+                fail(where, f"{container['name']} mounts a Kubernetes token")
+            elif mount["mountPath"] != SERVICE_ACCOUNT_DIR:
+                fail(where, f"the agent's token is at {mount['mountPath']}, not {SERVICE_ACCOUNT_DIR}")
+
+
+def check_node_rbac(where, objects):
+    """The node's service account may get Nodes and nothing else."""
+    roles = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClusterRole"}
+    granted = []
+    for binding in (o for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        if any(s.get("name") == NODE_ACCOUNT for s in binding.get("subjects", [])):
+            granted += roles.get(binding["roleRef"]["name"], {}).get("rules", [])
+    if granted != [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]:
+        fail(where, f"{NODE_ACCOUNT} must be allowed to get nodes and nothing else, not {granted}")
 
 
 def check_helper(where, pod_spec, agent, helper):
@@ -214,8 +255,10 @@ def check_overlay(overlay, flags):
                 fail(f"{where} {container['name']}", f"is {state}")
         if obj["kind"] == "DaemonSet":
             check_node(where, obj, helper_in_pod=overlay == "standard")
+            check_node_token(where, pod_spec)
         if obj["kind"] == "Deployment":
             check_controller(where, obj)
+    check_node_rbac(overlay, objects)
     kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
     if ("CSIDriver", DRIVER) not in kinds:
         fail(overlay, f"no CSIDriver {DRIVER}")
@@ -334,6 +377,13 @@ BREAKS = [
     ("kubernetes/base/node.yaml", "drop: [ALL]\n          volumeMounts:\n            - name: plugin-dir\n",
      "drop: [ALL]\n              add: [SYS_ADMIN]\n          volumeMounts:\n            - name: plugin-dir\n",
      "ebs-plugin: is privileged"),
+    ("kubernetes/base/node.yaml", "verbs: [get]", "verbs: [get, list]", "get nodes and nothing else"),
+    ("kubernetes/base/node.yaml", "- serviceAccountToken:", "- secret:",
+     "the agent mounts no token"),
+    ("kubernetes/base/node.yaml", "fieldPath: spec.nodeName", "fieldPath: metadata.name", "CSI_NODE_NAME"),
+    ("kubernetes/base/node.yaml", "              mountPath: /registration\n",
+     "              mountPath: /registration\n            - name: node-reader-token\n              mountPath: /t\n",
+     "node-driver-registrar mounts a Kubernetes token"),
     ("kubernetes/base/controller.yaml", "  replicas: 2", "  replicas: 2\n  paused: maybe", "paused"),
     ("kubernetes/base/controller.yaml", "- --feature-gates=VolumeAttributesClass=true", "- --feature-gates=",
      "csi-resizer: VolumeAttributesClass"),

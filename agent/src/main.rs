@@ -23,7 +23,7 @@ use crate::discovery::DeviceFinder;
 use crate::helper::Helper;
 use crate::identity::IdentityService;
 use crate::limits::LimitSettings;
-use crate::metadata::MetadataFlags;
+use crate::metadata::{Found, Settings, Source};
 use crate::node::NodeService;
 
 /// The CSI Node service for Amazon EBS. Runs without privilege: every
@@ -40,15 +40,28 @@ struct Args {
     /// Seconds to wait for the helper to answer one request.
     #[arg(long, default_value_t = 300)]
     helper_timeout_seconds: u64,
-    /// EC2 instance id reported as the node id (default: from IMDS).
+    /// EC2 instance id reported as the node id (default: from the
+    /// metadata sources).
     #[arg(long)]
     node_id: Option<String>,
-    /// Availability zone reported as topology (default: from IMDS).
+    /// Availability zone reported as topology (default: from the metadata
+    /// sources).
     #[arg(long)]
     availability_zone: Option<String>,
-    /// Instance type, for the attachment limit (default: from IMDS).
+    /// Instance type, for the attachment limit (default: from the metadata
+    /// sources).
     #[arg(long)]
     instance_type: Option<String>,
+    /// Where to read what the three flags above do not give, tried in
+    /// order: `imds` (instance metadata service), `kubernetes` (this node's
+    /// Node object; needs CSI_NODE_NAME and a token allowed to get Nodes),
+    /// `dmi` (SMBIOS in sysfs: id and type, no zone).
+    #[arg(long, value_delimiter = ',', default_value = "imds,kubernetes,dmi", value_parser = Source::parse)]
+    metadata_sources: Vec<Source>,
+    /// The Kubernetes service account directory (`token`, `ca.crt`) for the
+    /// `kubernetes` metadata source.
+    #[arg(long, default_value = "/var/run/secrets/kubernetes.io/serviceaccount")]
+    service_account_dir: PathBuf,
     /// Maximum volumes per node to report, overriding the instance type's.
     #[arg(long)]
     volume_attach_limit: Option<u32>,
@@ -81,6 +94,8 @@ struct Args {
 enum Command {
     /// Print the EBS volumes visible on this node and exit.
     Devices,
+    /// Print the node's metadata as NodeGetInfo would report it and exit.
+    Metadata,
 }
 
 #[tokio::main]
@@ -91,18 +106,31 @@ async fn main() -> anyhow::Result<()> {
         print!("{}", devices::table(&devices::list(&args.sys_dir, &args.dev_dir)));
         return Ok(());
     }
-    let socket = ebs_csi_proto::endpoint::socket_path(&args.endpoint)?;
-    let flags = MetadataFlags {
+    let flags = Found {
         instance_id: args.node_id,
         availability_zone: args.availability_zone,
         instance_type: args.instance_type,
+        ..Found::default()
     };
-    let metadata = metadata::resolve(flags).await.context("node metadata")?;
+    let settings = Settings {
+        sources: args.metadata_sources,
+        service_account_dir: args.service_account_dir,
+        dmi_dir: args.sys_dir.join("class/dmi/id"),
+    };
+    let metadata = metadata::resolve(flags, &settings).await.context("node metadata")?;
     let limit = LimitSettings {
         fixed: args.volume_attach_limit,
         reserved: args.reserved_volume_attachments.unwrap_or(1 + metadata.boot_volumes),
     };
     let max_volumes = limit.max_volumes(&metadata);
+    if let Some(Command::Metadata) = args.command {
+        println!(
+            "instance id\t{}\navailability zone\t{}\ninstance type\t{}\nmax volumes\t{max_volumes}",
+            metadata.instance_id, metadata.availability_zone, metadata.instance_type
+        );
+        return Ok(());
+    }
+    let socket = ebs_csi_proto::endpoint::socket_path(&args.endpoint)?;
     tracing::info!(node_id = %metadata.instance_id, zone = %metadata.availability_zone, instance_type = %metadata.instance_type, max_volumes, "node");
     let helper = Helper::new(args.helper_socket, Duration::from_secs(args.helper_timeout_seconds));
     let finder = DeviceFinder::new(args.dev_dir, args.sys_dir, !args.device_poll_only);

@@ -1,8 +1,26 @@
-//! This node's identity in EC2: from flags, or else from the instance
-//! metadata service (IMDSv2, through aws-config's IMDS client, which honours
-//! `AWS_EC2_METADATA_SERVICE_ENDPOINT`).
+//! This node's identity in EC2: from flags, or else from the first of the
+//! configured sources (`--metadata-sources`) that knows it.
+//!
+//! - [`imds`]: the instance metadata service. Complete, but a pod that is
+//!   not on the host network cannot reach it when the instance's IMDSv2
+//!   hop limit is 1 (EKS's default for managed node groups).
+//! - [`kubernetes`]: this node's Node object (its `spec.providerID` and
+//!   well-known labels). Costs the agent a Kubernetes token allowed to get
+//!   Nodes.
+//! - [`dmi`]: the SMBIOS tables the kernel exposes world-readable under
+//!   `/sys/class/dmi/id`. Costs nothing, works on every Nitro instance, but
+//!   gives no availability zone: it completes only with
+//!   `--availability-zone`.
+//!
+//! Network interfaces and boot volumes are known only from IMDS; the other
+//! sources report one interface and no boot volume besides the root.
 
-use aws_config::imds::Client;
+pub mod dmi;
+pub mod imds;
+pub mod kubernetes;
+
+use std::fmt;
+use std::path::PathBuf;
 
 /// What NodeGetInfo reports about the node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,85 +40,162 @@ pub struct NodeMetadata {
     pub boot_volumes: u32,
 }
 
-/// Values given on the command line; each missing one is read from IMDS.
-#[derive(Clone, Debug, Default)]
-pub struct MetadataFlags {
-    /// `--node-id`.
+/// What one source knows; `None` where it does not.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Found {
+    /// EC2 instance id.
     pub instance_id: Option<String>,
-    /// `--availability-zone`.
+    /// Availability zone.
     pub availability_zone: Option<String>,
-    /// `--instance-type`.
+    /// Instance type.
     pub instance_type: Option<String>,
+    /// Attached network interfaces.
+    pub network_interfaces: Option<u32>,
+    /// EBS volumes besides the root at launch.
+    pub boot_volumes: Option<u32>,
 }
 
-/// Why the node metadata could not be had.
+impl Found {
+    /// `self` where it has a value, `other` elsewhere.
+    fn or(self, other: Self) -> Self {
+        Self {
+            instance_id: self.instance_id.or(other.instance_id),
+            availability_zone: self.availability_zone.or(other.availability_zone),
+            instance_type: self.instance_type.or(other.instance_type),
+            network_interfaces: self.network_interfaces.or(other.network_interfaces),
+            boot_volumes: self.boot_volumes.or(other.boot_volumes),
+        }
+    }
+
+    /// The node's metadata if id, zone and type are all known; else the
+    /// first missing field's name.
+    fn complete(self) -> Result<NodeMetadata, &'static str> {
+        Ok(NodeMetadata {
+            instance_id: self.instance_id.ok_or("instance id")?,
+            availability_zone: self.availability_zone.ok_or("availability zone")?,
+            instance_type: self.instance_type.ok_or("instance type")?,
+            network_interfaces: self.network_interfaces.unwrap_or(1),
+            boot_volumes: self.boot_volumes.unwrap_or(0),
+        })
+    }
+}
+
+/// A place the node's metadata can be read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The instance metadata service (IMDSv2).
+    Imds,
+    /// This node's Node object in the Kubernetes API.
+    Kubernetes,
+    /// The kernel's SMBIOS (DMI) attributes.
+    Dmi,
+}
+
+impl Source {
+    /// Parses one `--metadata-sources` entry: `imds`, `kubernetes` or `dmi`.
+    ///
+    /// # Errors
+    /// A message naming the accepted values.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        match value {
+            "imds" => Ok(Self::Imds),
+            "kubernetes" => Ok(Self::Kubernetes),
+            "dmi" => Ok(Self::Dmi),
+            other => Err(format!("unknown metadata source {other:?}: imds, kubernetes or dmi")),
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Imds => "imds",
+            Self::Kubernetes => "kubernetes",
+            Self::Dmi => "dmi",
+        })
+    }
+}
+
+/// Where the sources look, besides their fixed addresses.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The sources to try, in order (`--metadata-sources`).
+    pub sources: Vec<Source>,
+    /// The Kubernetes service account directory (token and `ca.crt`).
+    pub service_account_dir: PathBuf,
+    /// The DMI attribute directory (`/sys/class/dmi/id`).
+    pub dmi_dir: PathBuf,
+}
+
+/// Why one source did not give the node's metadata.
 #[derive(Debug, thiserror::Error)]
-#[error("reading {path} from the instance metadata service: {source}")]
-pub struct MetadataError {
-    path: &'static str,
-    source: aws_config::imds::client::error::ImdsError,
+pub enum SourceError {
+    /// IMDS did not answer a path.
+    #[error(transparent)]
+    Imds(#[from] imds::ImdsError),
+    /// The Kubernetes API did not give this node's Node object.
+    #[error(transparent)]
+    Kubernetes(#[from] kubernetes::KubernetesError),
+    /// The DMI attributes could not be read or are not an EC2 instance's.
+    #[error(transparent)]
+    Dmi(#[from] dmi::DmiError),
+    /// The source answered without this field and no flag gave it.
+    #[error("it does not know the {0}")]
+    Incomplete(&'static str),
 }
 
-/// Resolves the node's metadata: flags first, IMDS for the rest. IMDS is
-/// not contacted at all when every flag is given.
+/// No source gave the node's metadata: each one tried, with its reason.
+#[derive(Debug, thiserror::Error)]
+#[error("no metadata source knows this node: {}", .0.iter().map(|(s, e)| format!("{s}: {e}")).collect::<Vec<_>>().join("; "))]
+pub struct MetadataError(Vec<(Source, SourceError)>);
+
+/// Resolves the node's metadata: `flags` first (no source is contacted
+/// when they name id, zone and type), then each source in
+/// `settings.sources` until one completes them.
 ///
 /// # Errors
-/// [`MetadataError`] naming the first IMDS path that could not be read.
-pub async fn resolve(flags: MetadataFlags) -> Result<NodeMetadata, MetadataError> {
-    if let (Some(instance_id), Some(availability_zone), Some(instance_type)) = (
-        flags.instance_id.clone(),
-        flags.availability_zone.clone(),
-        flags.instance_type.clone(),
-    ) {
-        return Ok(NodeMetadata {
-            instance_id,
-            availability_zone,
-            instance_type,
-            network_interfaces: 1,
-            boot_volumes: 0,
-        });
+/// [`MetadataError`] listing every source tried and why it failed.
+pub async fn resolve(flags: Found, settings: &Settings) -> Result<NodeMetadata, MetadataError> {
+    if let Ok(metadata) = flags.clone().complete() {
+        return Ok(metadata);
     }
-    let client = Client::builder().build();
-    let get = |path: &'static str| {
-        let client = client.clone();
-        async move {
-            client
-                .get(path)
+    let mut failures = Vec::new();
+    for &source in &settings.sources {
+        let found = match source {
+            Source::Imds => imds::read().await.map_err(SourceError::from),
+            Source::Kubernetes => kubernetes::read(&settings.service_account_dir)
                 .await
-                .map(|v| v.as_ref().trim().to_owned())
-                .map_err(|source| MetadataError { path, source })
+                .map_err(SourceError::from),
+            Source::Dmi => dmi::read(&settings.dmi_dir).map_err(SourceError::from),
+        };
+        let outcome = found.and_then(|found| flags.clone().or(found).complete().map_err(SourceError::Incomplete));
+        match outcome {
+            Ok(metadata) => {
+                tracing::info!(%source, "node metadata read");
+                return Ok(metadata);
+            }
+            Err(e) => {
+                tracing::warn!(%source, error = %e, "node metadata source failed");
+                failures.push((source, e));
+            }
         }
-    };
-    let instance_id = match flags.instance_id {
-        Some(id) => id,
-        None => get("/latest/meta-data/instance-id").await?,
-    };
-    let availability_zone = match flags.availability_zone {
-        Some(zone) => zone,
-        None => get("/latest/meta-data/placement/availability-zone").await?,
-    };
-    let instance_type = match flags.instance_type {
-        Some(t) => t,
-        None => get("/latest/meta-data/instance-type").await?,
-    };
-    let macs = get("/latest/meta-data/network/interfaces/macs/").await?;
-    let network_interfaces = u32::try_from(macs.lines().filter(|l| !l.trim().is_empty()).count())
-        .unwrap_or(1)
-        .max(1);
-    // Entries are `ami`, `root`, `ebsN`, `ephemeralN`, `swap` (EC2 User
-    // Guide, "Instance metadata categories").
-    let boot_volumes = match get("/latest/meta-data/block-device-mapping/").await {
-        Ok(entries) => u32::try_from(entries.lines().filter(|l| l.trim().starts_with("ebs")).count()).unwrap_or(0),
-        Err(e) => {
-            tracing::warn!(error = %e, "boot volumes unknown: only the root volume is reserved");
-            0
-        }
-    };
-    Ok(NodeMetadata {
-        instance_id,
-        availability_zone,
-        instance_type,
-        network_interfaces,
-        boot_volumes,
-    })
+    }
+    Err(MetadataError(failures))
 }
+
+/// `error` and each of its sources, joined by `: ` (hyper's own message
+/// hides the connect or TLS cause in its sources).
+fn causes(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+#[cfg(test)]
+#[path = "metadata_tests.rs"]
+mod tests;

@@ -41,6 +41,19 @@ pub fn require_root() -> bool {
     root
 }
 
+/// The repository's root.
+pub fn repository() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A program of the virtual environment `make test` installs (moto,
+/// grpcio, cryptography): `.venv/bin/<name>`.
+pub fn venv_program(name: &str) -> PathBuf {
+    let path = repository().join(".venv/bin").join(name);
+    assert!(path.exists(), "{} is missing: run `make test`", path.display());
+    path
+}
+
 /// Path of a binary of this workspace, built next to the running
 /// executable (a test in `target/<profile>/deps`, or the demo in
 /// `target/<profile>`; `make test` builds every binary first).

@@ -25,18 +25,6 @@ pub struct Moto {
     port: u16,
 }
 
-/// The virtual environment `make test` installs moto into.
-fn moto_server() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let path = root.join(".venv/bin/moto_server");
-    assert!(
-        path.exists(),
-        "{} is missing: run `make test` (it installs moto)",
-        path.display()
-    );
-    path
-}
-
 impl Moto {
     /// Starts moto on a free loopback port and waits until it answers.
     pub fn start() -> Self {
@@ -48,7 +36,7 @@ impl Moto {
             .prefix("ebs-csi-moto-")
             .tempdir()
             .expect("tempdir");
-        let child = Command::new(moto_server())
+        let child = Command::new(crate::venv_program("moto_server"))
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .current_dir(dir.path())
             .stdout(Stdio::null())

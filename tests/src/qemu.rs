@@ -74,7 +74,16 @@ pub fn disk(dir: &Path, name: &str) -> PathBuf {
     path
 }
 
+/// The instance id the test VMs' SMBIOS board asset tag carries, as a
+/// Nitro instance's does.
+pub const INSTANCE_ID: &str = "i-0a1b2c3d4e5f60718";
+
+/// The instance type the test VMs' SMBIOS product name carries.
+pub const INSTANCE_TYPE: &str = "m5.large";
+
 /// The common part of a test VM's command line: TCG on q35 with `memory_mib`,
+/// SMBIOS tables like an EC2 Nitro instance's (system manufacturer `Amazon
+/// EC2`, product [`INSTANCE_TYPE`], board asset tag [`INSTANCE_ID`]),
 /// no network or display, the guest's protocol on `protocol_serial` (the
 /// serial port QEMU connects to this process's stdout), a QMP socket in
 /// `dir`, and [`HOTPLUG_PORTS`] free root ports.
@@ -82,6 +91,10 @@ pub fn command(dir: &Path, memory_mib: u32) -> Command {
     let mut qemu = Command::new("qemu-system-x86_64");
     qemu.args(["-accel", "tcg", "-machine", "q35", "-m", &memory_mib.to_string()])
         .args(["-nic", "none", "-no-reboot", "-display", "none", "-monitor", "none"])
+        .arg("-smbios")
+        .arg(format!("type=1,manufacturer=Amazon EC2,product={INSTANCE_TYPE}"))
+        .arg("-smbios")
+        .arg(format!("type=2,manufacturer=Amazon EC2,asset={INSTANCE_ID}"))
         .arg("-qmp")
         .arg(format!("unix:{},server=on,wait=off", dir.join("qmp.sock").display()));
     for port in 0..HOTPLUG_PORTS {

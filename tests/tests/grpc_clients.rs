@@ -16,15 +16,11 @@ use std::sync::OnceLock;
 
 use ebs_csi_proto::v1::{GetPluginInfoResponse, NodeGetInfoResponse};
 use ebs_csi_tests::moto::Controller;
-use ebs_csi_tests::{Agent, Helper, Sandbox, require_root};
+use ebs_csi_tests::{Agent, Helper, Sandbox, repository, require_root, venv_program};
 use prost::Message;
 
 const GET_PLUGIN_INFO: &str = "/csi.v1.Identity/GetPluginInfo";
 const NODE_GET_INFO: &str = "/csi.v1.Node/NodeGetInfo";
-
-fn repository() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// The hex a client printed, as bytes.
 fn response(output: std::process::Output, client: &str) -> Vec<u8> {
@@ -44,9 +40,7 @@ fn response(output: std::process::Output, client: &str) -> Vec<u8> {
 /// Calls `method` with grpcio from the tests' virtual environment (`make
 /// test` installs it), with `authority` as grpc.default_authority if given.
 fn grpcio(socket: &Path, method: &str, authority: Option<&str>) -> Vec<u8> {
-    let python = repository().join(".venv/bin/python");
-    assert!(python.exists(), "{} is missing: run `make test`", python.display());
-    let mut command = Command::new(python);
+    let mut command = Command::new(venv_program("python"));
     command
         .arg(repository().join("tests/grpc-python/call.py"))
         .arg(socket)

@@ -1,6 +1,9 @@
-//! Without metadata flags the agent reads its identity from IMDSv2; here
-//! a small IMDSv2 stub on 127.0.0.1 stands in for the instance metadata
-//! service.
+//! Without metadata flags the agent reads its identity from its metadata
+//! sources: IMDSv2 (a small IMDSv2 stub on 127.0.0.1 stands in for the
+//! instance metadata service) and, when IMDS does not answer, its Node
+//! object in the Kubernetes API (`tests/kube-api/serve.py`, answering as
+//! kube-apiserver does). The `dmi` source is read from a real kernel's
+//! SMBIOS tables in the NVMe VM (`tests/tests/nvme_vm.rs`).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -9,10 +12,12 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 
 use ebs_csi_proto::v1::{NodeGetInfoRequest, NodeGetInfoResponse};
-use ebs_csi_tests::{Agent, Helper, Sandbox, require_root};
+use ebs_csi_tests::{Agent, Helper, Sandbox, binary, repository, require_root, venv_program};
 
 const TOKEN: &str = "stub-token";
 
@@ -146,4 +151,158 @@ async fn reserved_attachments_flag_replaces_the_boot_volumes() {
     let info = node_info(&agent).await;
     // m5.xlarge: 27, minus the second ENI, minus the 5 reserved.
     assert_eq!(info.max_volumes_per_node, 21);
+}
+
+/// The node `tests/kube-api/node.json` describes.
+const NODE_NAME: &str = "ip-10-0-1-23.eu-west-1.compute.internal";
+
+/// `tests/kube-api/serve.py` on 127.0.0.1: its CA bundle and token in
+/// `dir`, killed on drop.
+struct KubeApi {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl KubeApi {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(venv_program("python"))
+            .arg(repository().join("tests/kube-api/serve.py"))
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().parse().unwrap();
+        Self { child, port, dir }
+    }
+
+    fn service_account_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn requests(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("requests.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for KubeApi {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `ebs-csi-agent [args] metadata` with the in-cluster variables for
+/// `api`, node `node_name`, the service account directory `accounts` and
+/// IMDS at `imds`.
+fn agent_metadata(api: &KubeApi, accounts: &Path, node_name: &str, imds: &str, args: &[&str]) -> Output {
+    Command::new(binary("ebs-csi-agent"))
+        .args(args)
+        .arg("--service-account-dir")
+        .arg(accounts)
+        .arg("metadata")
+        .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds)
+        .env("CSI_NODE_NAME", node_name)
+        .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        .env("KUBERNETES_SERVICE_PORT", api.port.to_string())
+        .output()
+        .unwrap()
+}
+
+/// The error line the agent prints for a source that failed.
+fn failure(output: &Output) -> String {
+    assert!(!output.status.success(), "the agent succeeded: {output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    stderr
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("no metadata source knows this node"))
+        .unwrap_or_else(|| panic!("no metadata error in {stderr}"))
+        .to_owned()
+}
+
+#[test]
+fn a_pod_that_cannot_reach_imds_reads_its_node_object() {
+    let api = KubeApi::start();
+    // IMDS as a pod sees it with hop limit 1: the connection opens, the
+    // session token's answer never arrives.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let imds = format!("http://{}", silent.local_addr().unwrap());
+    let output = agent_metadata(&api, api.service_account_dir(), NODE_NAME, &imds, &[]);
+    assert!(output.status.success(), "{output:?}");
+    // m5.xlarge: 27 (shared); the root volume reserved; one interface
+    // assumed (only IMDS counts them).
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "instance id\ti-0fedcba9876543210\navailability zone\teu-west-1b\ninstance type\tm5.xlarge\nmax volumes\t26\n"
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("node metadata source failed source=imds"),
+        "{output:?}"
+    );
+    let token = std::fs::read_to_string(api.service_account_dir().join("token")).unwrap();
+    assert_eq!(
+        api.requests(),
+        format!("GET /api/v1/nodes/{NODE_NAME} Bearer {token}\n")
+    );
+}
+
+#[test]
+fn api_server_refusals_are_reported_with_its_message() {
+    let api = KubeApi::start();
+    let base = format!("kubernetes: GET https://127.0.0.1:{}/api/v1/nodes", api.port);
+    let only_kubernetes = ["--metadata-sources", "kubernetes"];
+    let accounts = api.service_account_dir();
+    let forbidden = agent_metadata(&api, accounts, "forbidden", "http://127.0.0.1:9", &only_kubernetes);
+    assert_eq!(
+        failure(&forbidden),
+        format!(
+            "no metadata source knows this node: {base}/forbidden: 403: nodes \"forbidden\" is forbidden: \
+             User \"system:serviceaccount:kube-system:ebs-csi-node-sa\" cannot get resource \"nodes\" in API group \"\" at the cluster scope"
+        )
+    );
+    let missing = agent_metadata(&api, accounts, "ip-10-9-9-9", "http://127.0.0.1:9", &only_kubernetes);
+    assert_eq!(
+        failure(&missing),
+        format!("no metadata source knows this node: {base}/ip-10-9-9-9: 404: nodes \"ip-10-9-9-9\" not found")
+    );
+    let injected = agent_metadata(&api, accounts, "../namespaces", "http://127.0.0.1:9", &only_kubernetes);
+    assert_eq!(
+        failure(&injected),
+        "no metadata source knows this node: kubernetes: CSI_NODE_NAME \"../namespaces\" is not a Node name"
+    );
+    // Another token: 401. Another cluster's CA: the TLS handshake fails.
+    let other = tempfile::tempdir().unwrap();
+    std::fs::write(other.path().join("token"), "another-token").unwrap();
+    std::fs::copy(accounts.join("ca.crt"), other.path().join("ca.crt")).unwrap();
+    let unauthorized = agent_metadata(&api, other.path(), NODE_NAME, "http://127.0.0.1:9", &only_kubernetes);
+    assert_eq!(
+        failure(&unauthorized),
+        format!("no metadata source knows this node: {base}/{NODE_NAME}: 401: Unauthorized")
+    );
+    let other_cluster = KubeApi::start();
+    let untrusted = agent_metadata(
+        &api,
+        other_cluster.service_account_dir(),
+        NODE_NAME,
+        "http://127.0.0.1:9",
+        &only_kubernetes,
+    );
+    // Both CAs are named `kubernetes` (kubeadm's name too): the other
+    // cluster's CA is found by name and its signature does not verify.
+    assert_eq!(
+        failure(&untrusted),
+        format!(
+            "no metadata source knows this node: {base}/{NODE_NAME}: client error (Connect): invalid peer certificate: BadSignature"
+        )
+    );
+    // Forbidden, missing and unauthorized reached the server; the bad name
+    // and the untrusted server did not send a request.
+    let requests = api.requests();
+    assert_eq!(requests.lines().count(), 3, "{requests}");
 }

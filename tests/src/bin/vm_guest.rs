@@ -23,12 +23,13 @@ use ebs_csi_helper_proto::{
 };
 use ebs_csi_linux::nvme::identify_controller;
 use ebs_csi_proto::v1::node_client::NodeClient;
-use ebs_csi_proto::v1::{NodeStageVolumeRequest, NodeUnstageVolumeRequest};
+use ebs_csi_proto::v1::{NodeGetInfoRequest, NodeStageVolumeRequest, NodeUnstageVolumeRequest};
 use ebs_csi_tests::children::{children_named, first_child_named};
 use ebs_csi_tests::guest::{
     device_number, find_controller, mount_capability, mount_type, mounted_device, report, serial, volume_stats,
     wait_for_disk,
 };
+use ebs_csi_tests::qemu::{INSTANCE_ID, INSTANCE_TYPE};
 use ebs_csi_tests::{AGENT_UID, channel, run_as, stage_request};
 use tonic::transport::Channel;
 
@@ -58,6 +59,7 @@ async fn main() {
     a_disk_replaced_while_its_format_waits();
     an_unreadable_disk_is_never_blank();
     a_disk_whose_partition_is_held_is_in_use();
+    node_identity_from_dmi(&mut node).await;
     for child in [&mut agent, &mut helper] {
         let _ = child.kill();
         let _ = child.wait();
@@ -376,6 +378,22 @@ fn a_disk_whose_partition_is_held_is_in_use() {
     report(8, &format!("{volume}: its partition held by device-mapper: {held}"));
 }
 
+/// 9. The agent (uid 65534, `--metadata-sources dmi`) took the node's id
+///    and type from the kernel's SMBIOS attributes, which QEMU fills as
+///    EC2 fills a Nitro instance's.
+async fn node_identity_from_dmi(node: &mut NodeClient<Channel>) {
+    let info = node.node_get_info(NodeGetInfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.node_id, INSTANCE_ID);
+    // m5.large: 27 shared attachments, one interface, the root reserved.
+    assert_eq!(info.max_volumes_per_node, 26);
+    let segments = info.accessible_topology.unwrap().segments;
+    assert_eq!(
+        segments.get("topology.kubernetes.io/zone").map(String::as_str),
+        Some("us-east-1a")
+    );
+    report(9, &format!("node {} ({INSTANCE_TYPE}) from DMI", info.node_id));
+}
+
 fn first_mib(device: &Path) -> Vec<u8> {
     use std::io::Read;
     let mut bytes = vec![0u8; 1 << 20];
@@ -436,8 +454,8 @@ fn start_agent() -> Child {
             "--helper-socket",
             HELPER_SOCKET,
         ])
-        .args(["--node-id", "i-0123456789abcdef0", "--availability-zone", "us-east-1a"])
-        .args(["--instance-type", "m5.large", "--device-wait-seconds", "5"])
+        .args(["--metadata-sources", "dmi", "--availability-zone", "us-east-1a"])
+        .args(["--device-wait-seconds", "5"])
         .stdout(Stdio::null())
         .uid(AGENT_UID)
         .gid(AGENT_UID)

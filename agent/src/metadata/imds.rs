@@ -1,0 +1,63 @@
+//! The instance metadata service (IMDSv2), through aws-config's IMDS
+//! client, which honours `AWS_EC2_METADATA_SERVICE_ENDPOINT`. When the
+//! instance's hop limit keeps the session token's answer from reaching
+//! this network namespace, the client gives up after its 1 s read timeout
+//! ("failed to load IMDS session token").
+
+use aws_config::imds::Client;
+
+use super::{Found, causes};
+
+/// A metadata path IMDS did not answer.
+#[derive(Debug, thiserror::Error)]
+#[error("reading {path}: {message}")]
+pub struct ImdsError {
+    path: &'static str,
+    /// The client's error and its causes.
+    message: String,
+}
+
+/// Reads the instance id, zone, type, network interfaces and boot volumes.
+///
+/// # Errors
+/// [`ImdsError`] naming the first required path that could not be read
+/// (the boot volumes are optional: only the root is reserved without them).
+pub async fn read() -> Result<Found, ImdsError> {
+    let client = Client::builder().build();
+    let get = |path: &'static str| {
+        let client = client.clone();
+        async move {
+            client
+                .get(path)
+                .await
+                .map(|v| v.as_ref().trim().to_owned())
+                .map_err(|e| ImdsError {
+                    path,
+                    message: causes(&e),
+                })
+        }
+    };
+    let instance_id = get("/latest/meta-data/instance-id").await?;
+    let availability_zone = get("/latest/meta-data/placement/availability-zone").await?;
+    let instance_type = get("/latest/meta-data/instance-type").await?;
+    let macs = get("/latest/meta-data/network/interfaces/macs/").await?;
+    let network_interfaces = u32::try_from(macs.lines().filter(|l| !l.trim().is_empty()).count())
+        .unwrap_or(1)
+        .max(1);
+    // Entries are `ami`, `root`, `ebsN`, `ephemeralN`, `swap` (EC2 User
+    // Guide, "Instance metadata categories").
+    let boot_volumes = match get("/latest/meta-data/block-device-mapping/").await {
+        Ok(entries) => u32::try_from(entries.lines().filter(|l| l.trim().starts_with("ebs")).count()).ok(),
+        Err(e) => {
+            tracing::warn!(error = %e, "boot volumes unknown: only the root volume is reserved");
+            None
+        }
+    };
+    Ok(Found {
+        instance_id: Some(instance_id),
+        availability_zone: Some(availability_zone),
+        instance_type: Some(instance_type),
+        network_interfaces: Some(network_interfaces),
+        boot_volumes,
+    })
+}

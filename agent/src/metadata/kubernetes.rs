@@ -1,0 +1,219 @@
+//! This node's Node object in the Kubernetes API, read with the pod's
+//! service account the way client-go's in-cluster config does: the API
+//! server at `KUBERNETES_SERVICE_HOST`:`KUBERNETES_SERVICE_PORT`, the
+//! bearer token and CA bundle from the service account directory, the
+//! node's name from `CSI_NODE_NAME` (the Go driver's variable, set from
+//! the downward API's `spec.nodeName`).
+//!
+//! From the Node (Kubernetes API reference, Node v1): the instance id is
+//! the last segment of `spec.providerID` (`aws:///<zone>/<instance id>`, as
+//! the AWS cloud provider sets it), the zone the `topology.kubernetes.io/zone`
+//! label, the type the `node.kubernetes.io/instance-type` label.
+//!
+//! The cost: RBAC cannot narrow `get` to the caller's own Node, so the
+//! agent's token can read every Node object (read only).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{ACCEPT, AUTHORIZATION};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+use serde::Deserialize;
+
+use super::{Found, causes};
+
+/// How long the whole request may take.
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest Node object read (bytes); real ones are a few KiB.
+const MAX_BODY: usize = 1 << 20;
+/// Label with the node's zone (Kubernetes well-known labels).
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+/// Label with the node's instance type (Kubernetes well-known labels).
+const TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
+
+/// Why the Node object gave no metadata.
+#[derive(Debug, thiserror::Error)]
+pub enum KubernetesError {
+    /// A variable of the in-cluster configuration is not set.
+    #[error("{0} is not set")]
+    Unset(&'static str),
+    /// `CSI_NODE_NAME` is not a Node name (RFC 1123 subdomain).
+    #[error("CSI_NODE_NAME {0:?} is not a Node name")]
+    NodeName(String),
+    /// The token or CA bundle could not be read.
+    #[error("reading {path}: {message}")]
+    Credentials {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The TLS configuration was refused.
+    #[error("TLS: {0}")]
+    Tls(#[from] rustls::Error),
+    /// The request could not be built (an unusable host or port).
+    #[error("the API server address: {0}")]
+    Address(#[from] http::Error),
+    /// The API server could not be reached or did not answer in time.
+    #[error("GET {uri}: {message}")]
+    Request {
+        /// The request's URI.
+        uri: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The API server refused (its `Status` message).
+    #[error("GET {uri}: {code}: {message}")]
+    Refused {
+        /// The request's URI.
+        uri: String,
+        /// The HTTP status code.
+        code: u16,
+        /// The Status object's `message`.
+        message: String,
+    },
+    /// The answer is not a Node object.
+    #[error("the Node object: {0}")]
+    Body(#[from] serde_json::Error),
+    /// `spec.providerID` names no EC2 instance.
+    #[error("spec.providerID {0:?} names no EC2 instance")]
+    ProviderId(String),
+}
+
+#[derive(Deserialize)]
+struct Node {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: NodeSpec,
+}
+
+#[derive(Default, Deserialize)]
+struct ObjectMeta {
+    #[serde(default)]
+    labels: HashMap<String, String>,
+}
+
+#[derive(Default, Deserialize)]
+struct NodeSpec {
+    #[serde(rename = "providerID", default)]
+    provider_id: String,
+}
+
+#[derive(Deserialize)]
+struct Status {
+    #[serde(default)]
+    message: String,
+}
+
+/// Reads this node's instance id, zone and type from its Node object.
+///
+/// # Errors
+/// [`KubernetesError`]: configuration missing, API server unreachable or
+/// refusing, or a Node without an EC2 provider id.
+pub async fn read(service_account_dir: &Path) -> Result<Found, KubernetesError> {
+    let variable = |name: &'static str| std::env::var(name).map_err(|_| KubernetesError::Unset(name));
+    let node_name = variable("CSI_NODE_NAME")?;
+    if !is_node_name(&node_name) {
+        return Err(KubernetesError::NodeName(node_name));
+    }
+    let host = variable("KUBERNETES_SERVICE_HOST")?;
+    let port = variable("KUBERNETES_SERVICE_PORT")?;
+    let host = if host.contains(':') { format!("[{host}]") } else { host };
+    let uri = format!("https://{host}:{port}/api/v1/nodes/{node_name}");
+    let token = credential(&service_account_dir.join("token"), |bytes| {
+        String::from_utf8(bytes.to_vec())
+            .map(|t| t.trim().to_owned())
+            .map_err(|e| e.to_string())
+    })?;
+    let roots = credential(&service_account_dir.join("ca.crt"), |bytes| {
+        let mut roots = rustls::RootCertStore::empty();
+        for certificate in CertificateDer::pem_slice_iter(bytes) {
+            roots
+                .add(certificate.map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(roots)
+    })?;
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .build();
+    let client = Client::builder(TokioExecutor::new()).build(connector);
+    let request = http::Request::get(&uri)
+        .header(AUTHORIZATION, format!("Bearer {token}"))
+        .header(ACCEPT, "application/json")
+        .body(Empty::<Bytes>::new())?;
+    let failed = |message: String| KubernetesError::Request {
+        uri: uri.clone(),
+        message,
+    };
+    let (code, body) = tokio::time::timeout(TIMEOUT, async {
+        let response = client.request(request).await.map_err(|e| failed(causes(&e)))?;
+        let code = response.status();
+        let body = Limited::new(response.into_body(), MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| failed(e.to_string()))?
+            .to_bytes();
+        Ok::<_, KubernetesError>((code, body))
+    })
+    .await
+    .map_err(|_| failed(format!("no answer in {} s", TIMEOUT.as_secs())))??;
+    if !code.is_success() {
+        let message = serde_json::from_slice::<Status>(&body)
+            .map(|s| s.message)
+            .unwrap_or_default();
+        return Err(KubernetesError::Refused {
+            uri,
+            code: code.as_u16(),
+            message,
+        });
+    }
+    let node: Node = serde_json::from_slice(&body)?;
+    let instance_id = node
+        .spec
+        .provider_id
+        .strip_prefix("aws://")
+        .and_then(|rest| rest.rsplit('/').next())
+        .filter(|id| id.starts_with("i-"))
+        .ok_or_else(|| KubernetesError::ProviderId(node.spec.provider_id.clone()))?;
+    Ok(Found {
+        instance_id: Some(instance_id.to_owned()),
+        availability_zone: node.metadata.labels.get(ZONE_LABEL).cloned(),
+        instance_type: node.metadata.labels.get(TYPE_LABEL).cloned(),
+        ..Found::default()
+    })
+}
+
+/// Reads `path` and turns its bytes into a value with `parse`.
+fn credential<T>(path: &Path, parse: impl FnOnce(&[u8]) -> Result<T, String>) -> Result<T, KubernetesError> {
+    let failed = |message: String| KubernetesError::Credentials {
+        path: path.to_owned(),
+        message,
+    };
+    let bytes = std::fs::read(path).map_err(|e| failed(e.to_string()))?;
+    parse(&bytes).map_err(failed)
+}
+
+/// An RFC 1123 subdomain: at most 253 characters of lowercase letters,
+/// digits, `-` and `.` (Kubernetes object names).
+fn is_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+}

@@ -1,0 +1,131 @@
+"""The part of the Kubernetes API the agent's `kubernetes` metadata source
+uses, on 127.0.0.1 over TLS: `GET /api/v1/nodes/<name>`.
+
+Usage: serve.py DIR. Writes DIR/ca.crt (a fresh CA that signed the
+server's certificate for IP 127.0.0.1) and DIR/token (the only bearer
+token accepted), prints the port on one line, then logs one line per
+request to DIR/requests.log.
+
+Answers as kube-apiserver does (Kubernetes API reference, "Status" kind;
+the messages are apiserver's, e.g. `nodes "x" not found`):
+- no or another token: 401 Status, reason Unauthorized;
+- the node named `forbidden`: 403 Status, reason Forbidden, with RBAC's
+  message for a service account without `get` on nodes;
+- node.json's node: 200, that Node object (EKS node, `kubectl get -o json`);
+- any other name: 404 Status, reason NotFound.
+"""
+
+import datetime
+import http.server
+import json
+import ssl
+import sys
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+import ipaddress
+
+TOKEN = "eyJhbGciOiJSUzI1NiJ9.ebs-csi-node-sa.test"
+SERVICE_ACCOUNT = "system:serviceaccount:kube-system:ebs-csi-node-sa"
+NODE = json.loads((Path(__file__).parent / "node.json").read_text())
+
+
+def certificates(directory):
+    """A CA certificate (written to ca.crt) and a server key and
+    certificate for 127.0.0.1 (written to server.pem)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubernetes")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    server = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    (directory / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    pem = directory / "server.pem"
+    pem.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        + server.public_bytes(serialization.Encoding.PEM)
+    )
+    return pem
+
+
+def status(code, reason, message, name=None):
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+    if name is not None:
+        body["details"] = {"name": name, "kind": "nodes"}
+    return code, body
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    log_path = None
+
+    def do_GET(self):
+        with open(self.log_path, "a") as log:
+            log.write(f"GET {self.path} {self.headers.get('Authorization', '')}\n")
+        prefix = "/api/v1/nodes/"
+        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            code, body = status(401, "Unauthorized", "Unauthorized")
+        elif not self.path.startswith(prefix):
+            code, body = status(404, "NotFound", "the server could not find the requested resource")
+        else:
+            name = self.path[len(prefix):]
+            if name == "forbidden":
+                code, body = status(
+                    403, "Forbidden",
+                    f'nodes "{name}" is forbidden: User "{SERVICE_ACCOUNT}" cannot get resource "nodes" '
+                    'in API group "" at the cluster scope', name)
+            elif name == NODE["metadata"]["name"]:
+                code, body = 200, NODE
+            else:
+                code, body = status(404, "NotFound", f'nodes "{name}" not found', name)
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def main():
+    directory = Path(sys.argv[1])
+    pem = certificates(directory)
+    (directory / "token").write_text(TOKEN)
+    Handler.log_path = directory / "requests.log"
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pem)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
