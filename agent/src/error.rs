@@ -62,6 +62,7 @@ fn helper_code(error: &HelperError) -> Code {
         | HelperError::FilesystemMismatch { .. }
         | HelperError::NotMounted { .. }
         | HelperError::NotStaged { .. }
+        | HelperError::StatisticsUnavailable { .. }
         | HelperError::UnsupportedVersion(_) => Code::FailedPrecondition,
         HelperError::Busy => Code::Unavailable,
         HelperError::InProgress { .. } => Code::Aborted,

@@ -7,12 +7,15 @@ mod helper;
 mod identity;
 mod limits;
 mod metadata;
+mod metrics;
 mod node;
 mod request;
 mod server;
+mod statistics;
 mod stats;
 
 use ebs_csi_proto::endpoint::LoggingFormat;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -24,6 +27,7 @@ use crate::helper::Helper;
 use crate::identity::IdentityService;
 use crate::limits::LimitSettings;
 use crate::metadata::{Found, Settings, Source};
+use crate::metrics::NodeMetrics;
 use crate::node::NodeService;
 
 /// The CSI Node service for Amazon EBS. Runs without privilege: every
@@ -83,6 +87,10 @@ struct Args {
     /// The sysfs mount.
     #[arg(long, default_value = "/sys")]
     sys_dir: PathBuf,
+    /// Serve Prometheus metrics (EBS performance statistics of the node's
+    /// volumes) on this TCP address, e.g. `0.0.0.0:3302` (default: none).
+    #[arg(long)]
+    http_endpoint: Option<SocketAddr>,
     /// Log format: `text` (plain lines) or `json` (one object per line).
     #[arg(long, default_value = "text", value_parser = LoggingFormat::parse)]
     logging_format: LoggingFormat,
@@ -133,6 +141,17 @@ async fn main() -> anyhow::Result<()> {
     let socket = ebs_csi_proto::endpoint::socket_path(&args.endpoint)?;
     tracing::info!(node_id = %metadata.instance_id, zone = %metadata.availability_zone, instance_type = %metadata.instance_type, max_volumes, "node");
     let helper = Helper::new(args.helper_socket, Duration::from_secs(args.helper_timeout_seconds));
+    if let Some(address) = args.http_endpoint {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .with_context(|| format!("--http-endpoint {address}"))?;
+        tracing::info!(address = %listener.local_addr()?, "serving metrics");
+        let metrics = NodeMetrics::new(helper.clone(), args.sys_dir.clone(), metadata.instance_id.clone())?;
+        tokio::spawn(ebs_csi_proto::metrics_http::serve(listener, move || {
+            let metrics = metrics.clone();
+            async move { metrics.render().await }
+        }));
+    }
     let finder = DeviceFinder::new(args.dev_dir, args.sys_dir, !args.device_poll_only);
     let node = NodeService::new(
         helper.clone(),

@@ -1,17 +1,9 @@
 //! Prometheus metrics of EC2 calls, with the Go driver's names so
 //! existing dashboards keep working, served on `--http-endpoint`.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::time::Instant;
 
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::header::{CONTENT_TYPE, HeaderValue};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
 use tokio::net::TcpListener;
 
@@ -98,74 +90,12 @@ impl ApiMetrics {
         String::from_utf8_lossy(&out).into_owned()
     }
 
-    /// Serves `GET /metrics` (Prometheus text format 0.0.4) over HTTP/1.1
-    /// on `listener` with hyper; any other path is 404. Runs until the task
-    /// is dropped.
+    /// Serves `GET /metrics` on `listener` until the task is dropped.
     pub async fn serve(self, listener: TcpListener) {
-        loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accepting a metrics connection");
-                    continue;
-                }
-            };
+        ebs_csi_proto::metrics_http::serve(listener, move || {
             let metrics = self.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |request: Request<Incoming>| {
-                    let response = metrics.respond(&request);
-                    async move { Ok::<_, Infallible>(response) }
-                });
-                let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, "metrics connection");
-                }
-            });
-        }
-    }
-
-    /// The answer to one HTTP request.
-    fn respond(&self, request: &Request<Incoming>) -> Response<Full<Bytes>> {
-        if request.method() == Method::GET && request.uri().path() == "/metrics" {
-            let mut response = Response::new(Full::new(Bytes::from(self.render())));
-            response
-                .headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"));
-            response
-        } else {
-            let mut response = Response::new(Full::new(Bytes::new()));
-            *response.status_mut() = StatusCode::NOT_FOUND;
-            response
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    use super::*;
-
-    /// A request that arrives in pieces (clients flush as they format) is
-    /// still read whole: the answer is the metrics, not a 404 and a reset.
-    #[tokio::test]
-    async fn answers_a_request_sent_in_pieces() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        tokio::spawn(ApiMetrics::new().unwrap().serve(listener));
-        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-        for piece in ["GET ", "/metrics HTTP/1.1\r\n", "host: x\r\nconnection: close\r\n\r\n"] {
-            stream.write_all(piece.as_bytes()).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
-        assert!(
-            response.contains("content-type: text/plain; version=0.0.4"),
-            "{response}"
-        );
+            async move { metrics.render() }
+        })
+        .await;
     }
 }

@@ -72,5 +72,6 @@ fuzz_target!(|data: &[u8]| {
             check_device(&r.device);
         }
         Request::VolumeStats(r) => check_path(&r.volume_path),
+        Request::PerformanceStatistics(r) => check_device(&r.device),
     }
 });

@@ -5,9 +5,10 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use ebs_csi_helper_proto::{
-    ExpandRequest, FsType, HelperError, PROTOCOL_VERSION, PublishRequest, PublishSource, Reply, Request, StageRequest,
-    VolumeId, VolumeStatsRequest, VolumeUsage,
+    ExpandRequest, FsType, HelperError, PROTOCOL_VERSION, PerformanceStatisticsRequest, PublishRequest, PublishSource,
+    Reply, Request, StageRequest, VolumeId, VolumeStatsRequest, VolumeUsage,
 };
+use ebs_csi_linux::nvme::{self, LogPage};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::mount::MountFlags;
 
@@ -77,6 +78,7 @@ impl Handler {
             Request::Unpublish(r) => self.exclusively(|| self.unpublish(&self.roots.check(&r.target_path)?)),
             Request::Expand(r) => self.exclusively(|| self.expand(r)),
             Request::VolumeStats(r) => self.volume_stats(r),
+            Request::PerformanceStatistics(r) => self.performance_statistics(r),
         }
     }
 
@@ -382,6 +384,22 @@ impl Handler {
             }
         };
         Ok(Reply::VolumeStats(usage))
+    }
+
+    /// PerformanceStatistics (read-only, so outside the lock): the device
+    /// must prove to be the volume; then Get Log Page 0xD0 on that same
+    /// fd, its bytes returned as they are.
+    fn performance_statistics(&self, r: &PerformanceStatisticsRequest) -> Result<Reply, HelperError> {
+        let mounts = self.mounts.read()?;
+        let device = self.verify(&r.volume_id, &r.device, &mounts)?;
+        match nvme::get_log_page(device.fd(), nvme::EBS_STATISTICS_LOG_PAGE) {
+            Ok(LogPage::Read(page)) => Ok(Reply::PerformanceStatistics(page.to_vec())),
+            Ok(LogPage::Unavailable(status)) => Err(HelperError::StatisticsUnavailable {
+                device: device.path(),
+                status,
+            }),
+            Err(e) => Err(system(format!("Get Log Page on {}", device.path()), e)),
+        }
     }
 
     /// Grows the `fs_type` filesystem on `device`, mounted with its root at

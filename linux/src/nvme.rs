@@ -1,4 +1,5 @@
-//! NVMe Identify Controller: the identity an EBS volume proves itself with.
+//! NVMe Identify Controller: the identity an EBS volume proves itself with;
+//! and Get Log Page, for EBS's detailed performance statistics.
 //!
 //! Layout from the NVMe Base Specification, "Identify Controller data
 //! structure": VID bytes 0–1 (little endian), SN bytes 4–23, MN bytes
@@ -81,8 +82,56 @@ pub fn identify_controller(fd: impl AsFd) -> io::Result<IdentifyController> {
         cdw10: CNS_CONTROLLER,
         ..NvmeAdminCmd::default()
     };
-    nvme_admin_command(fd.as_fd(), &mut cmd, data.as_mut_slice())?;
-    Ok(IdentifyController::parse(&data))
+    match nvme_admin_command(fd.as_fd(), &mut cmd, data.as_mut_slice())? {
+        0 => Ok(IdentifyController::parse(&data)),
+        status => Err(io::Error::other(format!(
+            "Identify Controller completed with NVMe status {status:#x}"
+        ))),
+    }
+}
+
+/// The log page id of EBS detailed performance statistics (vendor
+/// specific; `AMZN_NVME_STATS_LOGPAGE_ID` in nvme-cli's amzn plugin).
+pub const EBS_STATISTICS_LOG_PAGE: u8 = 0xD0;
+
+/// Bytes read of a log page: EBS's statistics page as nvme-cli's amzn
+/// plugin and the Go driver read it.
+pub const LOG_PAGE_LEN: usize = 4096;
+
+/// What Get Log Page gave.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LogPage {
+    /// The page's first [`LOG_PAGE_LEN`] bytes.
+    Read(Box<[u8; LOG_PAGE_LEN]>),
+    /// The controller completed the command with this non-zero NVMe
+    /// status: it has no such page (QEMU's emulated controller answers
+    /// 0x4002, Invalid Field in Command, Do Not Retry).
+    Unavailable(u32),
+}
+
+/// Sends Get Log Page (admin opcode 0x02) for `log_id`, namespace 1, the
+/// first [`LOG_PAGE_LEN`] bytes (NVMe Base Specification, "Get Log Page
+/// command": CDW10 bits 31:16 are the 0's based number of dwords, bits
+/// 7:0 the log page id) on an open controller or namespace device.
+///
+/// # Errors
+/// The ioctl's error: `EACCES`/`EPERM` without CAP_SYS_ADMIN, `ENOTTY`
+/// when `fd` is not an NVMe device.
+pub fn get_log_page(fd: impl AsFd, log_id: u8) -> io::Result<LogPage> {
+    const OPCODE_GET_LOG_PAGE: u8 = 0x02;
+    // LOG_PAGE_LEN bytes are 1024 dwords: 1023, 0's based.
+    const NUMDL: u32 = 1023;
+    let mut data = Box::new([0u8; LOG_PAGE_LEN]);
+    let mut cmd = NvmeAdminCmd {
+        opcode: OPCODE_GET_LOG_PAGE,
+        nsid: 1,
+        cdw10: u32::from(log_id) | (NUMDL << 16),
+        ..NvmeAdminCmd::default()
+    };
+    match nvme_admin_command(fd.as_fd(), &mut cmd, data.as_mut_slice())? {
+        0 => Ok(LogPage::Read(data)),
+        status => Ok(LogPage::Unavailable(status)),
+    }
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 use ebs_csi_helper_proto::{
-    ClientError, FsType, HelperError, MAX_FRAME_BYTES, PROTOCOL_VERSION, PublishRequest, PublishSource, Request,
-    RequestFrame, Response, VolumeId, read_frame, write_frame,
+    ClientError, FsType, HelperError, MAX_FRAME_BYTES, PROTOCOL_VERSION, PerformanceStatisticsRequest, PublishRequest,
+    PublishSource, Request, RequestFrame, Response, VolumeId, read_frame, write_frame,
 };
 use ebs_csi_tests::loopdev::run;
 use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, mounts_under, require_root, run_as, stage_request};
@@ -330,4 +330,39 @@ fn a_symlink_swapped_in_mid_call_never_redirects_a_mount() {
         swaps > 60 && refused > 0,
         "the race did not happen: {swaps} swaps, {refused} refused"
     );
+}
+
+#[test]
+fn performance_statistics_are_read_only_from_the_proven_volume() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let volume = LoopVolume::create(sandbox.path(), VOLUME, 64);
+    let other = LoopVolume::create(sandbox.path(), "vol-0bbbbbbbbbbbbbbb2", 64);
+    let request = |device: &Path| {
+        Request::PerformanceStatistics(PerformanceStatisticsRequest {
+            volume_id: VolumeId::parse(VOLUME).unwrap(),
+            device: device.display().to_string(),
+        })
+    };
+    assert_refused(
+        &helper,
+        &volume,
+        request(&other.device),
+        |e| matches!(e, HelperError::DeviceRefused { volume_id, .. } if volume_id == VOLUME),
+    );
+    // The volume's own device is asked on the verified fd: a loop device
+    // is no NVMe controller, and the loop driver answers an ioctl it does
+    // not know with EINVAL (drivers/block/loop.c, lo_simple_ioctl).
+    let own = volume.device.display().to_string();
+    match helper.call(request(&volume.device)) {
+        Err(ClientError::Helper(HelperError::System { operation, detail })) => {
+            assert_eq!(operation, format!("Get Log Page on {own}"));
+            assert_eq!(detail, "Invalid argument (os error 22)");
+        }
+        other => panic!("PerformanceStatistics on {own}: {other:?}"),
+    }
+    assert_eq!(volume.signature(), "");
 }

@@ -11,6 +11,7 @@ pub mod authority;
 pub mod connection;
 pub mod endpoint;
 pub mod inflight;
+pub mod metrics_http;
 
 /// Package `csi.v1`, generated at build time from `csi.proto`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

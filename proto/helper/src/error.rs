@@ -85,6 +85,15 @@ pub enum HelperError {
         /// Exit status and the tail of its stderr.
         detail: String,
     },
+    /// The device has no EBS performance statistics log page: the
+    /// controller completed Get Log Page with a non-zero NVMe status.
+    #[error("device {device} has no EBS performance statistics (NVMe status {status:#x})")]
+    StatisticsUnavailable {
+        /// The device path.
+        device: String,
+        /// The NVMe status (status code type and status code).
+        status: u32,
+    },
     /// A system call failed unexpectedly.
     #[error("{operation} failed: {detail}")]
     System {

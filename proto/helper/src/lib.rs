@@ -22,7 +22,8 @@ pub use error::HelperError;
 pub use format_options::FormatOptions;
 pub use frame::{FrameError, MAX_FRAME_BYTES, decode, read_frame, read_payload, write_frame};
 pub use message::{
-    ExpandRequest, FrameVersion, FsType, PROTOCOL_VERSION, PublishRequest, PublishSource, Reply, Request, RequestFrame,
-    Response, StageRequest, UnpublishRequest, UnstageRequest, VolumeStatsRequest, VolumeUsage,
+    ExpandRequest, FrameVersion, FsType, PROTOCOL_VERSION, PerformanceStatisticsRequest, PublishRequest, PublishSource,
+    Reply, Request, RequestFrame, Response, StageRequest, UnpublishRequest, UnstageRequest, VolumeStatsRequest,
+    VolumeUsage,
 };
 pub use volume_id::{InvalidVolumeId, VolumeId};

@@ -57,6 +57,9 @@ pub enum Request {
     Expand(ExpandRequest),
     /// Read the usage of a mounted volume; changes nothing.
     VolumeStats(VolumeStatsRequest),
+    /// Read a volume's EBS performance statistics log page; changes
+    /// nothing.
+    PerformanceStatistics(PerformanceStatisticsRequest),
 }
 
 /// Filesystems the helper can create and mount.
@@ -190,6 +193,19 @@ pub struct VolumeStatsRequest {
     pub volume_path: String,
 }
 
+/// PerformanceStatistics: the EBS detailed performance statistics of the
+/// volume on `device` (NVMe Get Log Page 0xD0, which needs CAP_SYS_ADMIN
+/// on every kernel), for the agent's `/metrics`. The helper returns the
+/// page unparsed: the agent, unprivileged, parses what the device wrote.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PerformanceStatisticsRequest {
+    /// The volume the device must prove to be.
+    pub volume_id: VolumeId,
+    /// The block device as `/dev/<kernel name>`, e.g. `/dev/nvme1n1`.
+    pub device: String,
+}
+
 /// The usage of a volume (the answer to [`Request::VolumeStats`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum VolumeUsage {
@@ -233,6 +249,9 @@ pub enum Reply {
     },
     /// Answer to [`Request::VolumeStats`].
     VolumeStats(VolumeUsage),
+    /// Answer to [`Request::PerformanceStatistics`]: the log page's first
+    /// 4096 bytes, as the device wrote them.
+    PerformanceStatistics(Vec<u8>),
 }
 
 /// What the helper sends back: exactly one frame per request.

@@ -19,7 +19,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ebs_csi_helper_proto::{
-    ClientError, ExpandRequest, FsType, HelperClient, HelperError, PublishRequest, PublishSource, Request, VolumeId,
+    ClientError, ExpandRequest, FsType, HelperClient, HelperError, PerformanceStatisticsRequest, PublishRequest,
+    PublishSource, Request, VolumeId,
 };
 use ebs_csi_linux::nvme::identify_controller;
 use ebs_csi_proto::v1::node_client::NodeClient;
@@ -42,6 +43,7 @@ const BOOT_VOLUMES: [&str; 3] = [
 const HELPER_SOCKET: &str = "/run/ebs-csi/helper.sock";
 const CSI_SOCKET: &str = "/run/csi/csi.sock";
 const KUBELET: &str = "/var/lib/kubelet";
+const METRICS_ADDRESS: &str = "127.0.0.1:3302";
 
 #[tokio::main]
 async fn main() {
@@ -60,6 +62,7 @@ async fn main() {
     an_unreadable_disk_is_never_blank();
     a_disk_whose_partition_is_held_is_in_use();
     node_identity_from_dmi(&mut node).await;
+    no_performance_statistics_page();
     for child in [&mut agent, &mut helper] {
         let _ = child.kill();
         let _ = child.wait();
@@ -394,6 +397,48 @@ async fn node_identity_from_dmi(node: &mut NodeClient<Channel>) {
     report(9, &format!("node {} ({INSTANCE_TYPE}) from DMI", info.node_id));
 }
 
+/// 10. QEMU's controller has no EBS statistics log page (0xD0): the
+///     helper's read-only request says so exactly, and the agent's
+///     `/metrics` (fetched with busybox wget) has no per-volume series and
+///     counts no error.
+fn no_performance_statistics_page() {
+    let volume = BOOT_VOLUMES[2];
+    let (_, namespace) = wait_for_disk(&serial(volume), Duration::ZERO).unwrap();
+    let device = namespace.display().to_string();
+    let request = Request::PerformanceStatistics(PerformanceStatisticsRequest {
+        volume_id: VolumeId::parse(volume).unwrap(),
+        device: device.clone(),
+    });
+    let reply = run_as(AGENT_UID, || {
+        HelperClient::new(PathBuf::from(HELPER_SOCKET), Duration::from_secs(10)).call(request)
+    });
+    match reply {
+        Err(ClientError::Helper(HelperError::StatisticsUnavailable {
+            device: d,
+            status: 0x4002,
+        })) if d == device => {}
+        other => panic!("PerformanceStatistics on {device}: {other:?}"),
+    }
+    let output = Command::new("wget")
+        .args(["-q", "-O", "-", &format!("http://{METRICS_ADDRESS}/metrics")])
+        .output()
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "wget: {output:?}");
+    let instance = format!("{{instance_id=\"{INSTANCE_ID}\"}}");
+    for line in [
+        format!("aws_ebs_csi_nvme_collector_scrapes_total{instance} 1"),
+        format!("aws_ebs_csi_nvme_collector_errors_total{instance} 0"),
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "no {line:?} in\n{metrics}");
+    }
+    assert!(!metrics.contains("aws_ebs_csi_read_ops_total"), "{metrics}");
+    report(
+        10,
+        &format!("{device}: no log page 0xD0 (NVMe status 0x4002); /metrics without volume series"),
+    );
+}
+
 fn first_mib(device: &Path) -> Vec<u8> {
     use std::io::Read;
     let mut bytes = vec![0u8; 1 << 20];
@@ -455,7 +500,7 @@ fn start_agent() -> Child {
             HELPER_SOCKET,
         ])
         .args(["--metadata-sources", "dmi", "--availability-zone", "us-east-1a"])
-        .args(["--device-wait-seconds", "5"])
+        .args(["--device-wait-seconds", "5", "--http-endpoint", METRICS_ADDRESS])
         .stdout(Stdio::null())
         .uid(AGENT_UID)
         .gid(AGENT_UID)
