@@ -119,6 +119,30 @@ pub fn snapshot(parameters: &HashMap<String, String>) -> Result<Tags, Controller
     Ok(tags)
 }
 
+impl VolumeParameters {
+    /// These parameters with a VolumeAttributesClass's applied on top (its
+    /// `mutable_parameters` given to CreateVolume win over the
+    /// StorageClass's): type, IOPS and throughput replace, tags are added
+    /// or removed.
+    pub fn with(mut self, mutation: Mutation) -> Self {
+        if mutation.volume_type.is_some() {
+            self.volume_type = mutation.volume_type;
+        }
+        if mutation.iops.is_some() || mutation.iops_per_gib.is_some() {
+            self.iops = mutation.iops;
+            self.iops_per_gib = mutation.iops_per_gib;
+        }
+        if mutation.throughput.is_some() {
+            self.throughput = mutation.throughput;
+        }
+        self.tags.extend(mutation.add_tags);
+        for key in mutation.delete_tags {
+            self.tags.remove(&key);
+        }
+        self
+    }
+}
+
 /// ControllerModifyVolume's mutable parameters, parsed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Mutation {

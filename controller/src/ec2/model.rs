@@ -31,6 +31,10 @@ pub struct Behaviour {
     pub attachment_limit: usize,
     /// Device names AttachVolume refuses.
     pub refused_names: Vec<String>,
+    /// The account has EBS encryption by default on: every new volume is
+    /// encrypted, whatever CreateVolume's `Encrypted` says (Amazon EBS User
+    /// Guide, "Encryption by default").
+    pub encrypted_by_default: bool,
 }
 
 impl Default for Behaviour {
@@ -43,6 +47,7 @@ impl Default for Behaviour {
             volumes_impaired: false,
             attachment_limit: 28,
             refused_names: Vec::new(),
+            encrypted_by_default: false,
         }
     }
 }
@@ -224,7 +229,7 @@ impl Ec2 for Model {
             volume_type: input.volume_type,
             iops: input.iops,
             throughput: input.throughput,
-            encrypted: input.encrypted,
+            encrypted: input.encrypted || self.behaviour.encrypted_by_default,
             kms_key_id: input.kms_key_id,
             snapshot_id: input.snapshot_id,
             multi_attach: input.multi_attach,
@@ -336,11 +341,23 @@ impl Ec2 for Model {
             .volumes
             .get_mut(volume_id)
             .ok_or_else(|| Self::missing(volume_id))?;
+        // EC2's answers (captured): a volume attached nowhere is
+        // `IncorrectState` "Volume 'vol-…' is in the 'available' state.";
+        // one attached elsewhere is `InvalidAttachment.NotFound`.
+        if volume.attachments.is_empty() {
+            return Err(Ec2Error::IncorrectState(format!(
+                "Volume '{volume_id}' is in the 'available' state."
+            )));
+        }
         let attachment = volume
             .attachments
             .iter_mut()
             .find(|a| a.instance_id == instance_id)
-            .ok_or_else(|| Self::missing(volume_id))?;
+            .ok_or_else(|| {
+                Ec2Error::NotFound(format!(
+                    "The volume {volume_id} is not attached to instance {instance_id}"
+                ))
+            })?;
         attachment.state = AttachmentState::Detaching;
         state
             .detach_times

@@ -132,12 +132,15 @@ impl<E: Ec2> ControllerService<E> {
         let volume_id = required("volume_id", &r.volume_id)?;
         let node_id = required("node_id", &r.node_id)?;
         let _guard = self.in_flight.acquire(&format!("{volume_id}/{node_id}"))?;
+        // Already detached, as EC2 says it (the Go driver takes the same
+        // three answers as success): `InvalidVolume.NotFound` (no volume),
+        // `InvalidAttachment.NotFound` (attached elsewhere), or
+        // `IncorrectState` "Volume '…' is in the 'available' state." — the
+        // last also for a volume still `detaching`, so the wait below
+        // decides from the volume's attachments.
         match self.ec2.detach_volume(volume_id, node_id).await {
-            Ok(()) => {}
+            Ok(()) | Err(Ec2Error::IncorrectState(_)) => {}
             Err(Ec2Error::NotFound(_)) => return Ok(ControllerUnpublishVolumeResponse {}),
-            Err(Ec2Error::IncorrectState(m)) if m.contains("not attached") => {
-                return Ok(ControllerUnpublishVolumeResponse {});
-            }
             Err(e) => return Err(e.into()),
         }
         wait::until(

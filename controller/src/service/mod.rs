@@ -7,6 +7,7 @@ mod capability;
 mod identity;
 mod modify;
 mod snapshots;
+mod tokens;
 mod topology;
 mod volumes;
 mod wait;
@@ -28,6 +29,7 @@ use crate::ec2::Tags;
 use crate::ec2::batch::{BatchConfig, Describer};
 use crate::error::ControllerError;
 use modify::Coalescer;
+use tokens::ClientTokens;
 use topology::ZonePicker;
 
 /// Settings of the controller service.
@@ -74,6 +76,7 @@ pub struct ControllerService<E: Ec2> {
     devices: DeviceAllocator,
     zones: ZonePicker,
     coalescer: Coalescer<E>,
+    tokens: ClientTokens,
 }
 
 impl<E: Ec2> ControllerService<E> {
@@ -87,6 +90,7 @@ impl<E: Ec2> ControllerService<E> {
             in_flight: InFlight::default(),
             devices: DeviceAllocator::default(),
             zones: ZonePicker::default(),
+            tokens: ClientTokens::default(),
         }
     }
 }

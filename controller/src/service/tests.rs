@@ -101,14 +101,112 @@ async fn create_waits_for_available_and_repeats_return_the_same_volume() {
 }
 
 #[tokio::test]
-async fn a_reused_client_token_with_other_parameters_is_already_exists() {
+async fn a_repeat_finds_the_volume_ec2_encrypted_unasked() {
+    let (model, service) = controller(Behaviour {
+        encrypted_by_default: true,
+        ..Behaviour::default()
+    });
+    let id = create(&service, "pvc-default-encrypted").await;
+    assert!(model.volume(&id).unwrap().encrypted);
+    assert_eq!(create(&service, "pvc-default-encrypted").await, id);
+    assert_eq!(model.calls("CreateVolume"), 1);
+    // Asked for and not there: another volume under that name.
+    let (_, service) = controller(Behaviour::default());
+    create(&service, "pvc-plain").await;
+    let cap = capability(Mode::SingleNodeWriter, false);
+    for parameters in [
+        [("encrypted", "true")],
+        [("kmsKeyId", "arn:aws:kms:us-east-1:111122223333:key/k1")],
+    ] {
+        let err = service
+            .create(request("pvc-plain", &parameters, cap.clone()))
+            .await
+            .unwrap_err();
+        let message = err.to_string();
+        assert_eq!(
+            (code(err), message),
+            (
+                Code::AlreadyExists,
+                "volume vol-00000000000000001 named pvc-plain exists with other parameters".to_owned()
+            )
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_volume_attributes_class_given_at_creation_applies() {
     let (model, service) = controller(Behaviour::default());
-    model.burn_token(&super::volumes::client_token("pvc-reused"));
+    let with_class = |name: &str, class: &[(&str, &str)]| CreateVolumeRequest {
+        mutable_parameters: class.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+        ..request(
+            name,
+            &[("type", "gp3"), ("iops", "3000")],
+            capability(Mode::SingleNodeWriter, false),
+        )
+    };
+    let class = [
+        ("type", "io2"),
+        ("iops", "4000"),
+        ("tagSpecification_1", "team=storage"),
+    ];
+    let id = service
+        .create(with_class("pvc-class", &class))
+        .await
+        .unwrap()
+        .volume
+        .unwrap()
+        .volume_id;
+    let volume = model.volume(&id).unwrap();
+    assert_eq!((volume.volume_type.as_str(), volume.iops), ("io2", Some(4000)));
+    assert_eq!(volume.tags.get("team").map(String::as_str), Some("storage"));
     let err = service
-        .create(request("pvc-reused", &[], capability(Mode::SingleNodeWriter, false)))
+        .create(with_class("pvc-bad-class", &[("volumeSize", "10")]))
         .await
         .unwrap_err();
+    let message = err.to_string();
+    assert_eq!(
+        (code(err), message.as_str()),
+        (Code::InvalidArgument, "parameter \"volumesize\" is not known")
+    );
+    assert_eq!(model.calls("CreateVolume"), 1, "nothing created for the bad class");
+}
+
+#[tokio::test]
+async fn unpublish_of_a_volume_not_attached_there_succeeds() {
+    let (model, service) = controller(Behaviour::default());
+    let id = create(&service, "pvc-detached").await;
+    let unpublish = |volume_id: &str, node_id: &str| ControllerUnpublishVolumeRequest {
+        volume_id: volume_id.into(),
+        node_id: node_id.into(),
+        ..Default::default()
+    };
+    // Attached nowhere: EC2 answers IncorrectState ("… 'available' state.").
+    service.unpublish(unpublish(&id, "i-1")).await.unwrap();
+    // Attached to another node: InvalidAttachment.NotFound; i-1 keeps it.
+    service
+        .publish(publish(&id, "i-1", capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap();
+    service.unpublish(unpublish(&id, "i-2")).await.unwrap();
+    assert_eq!(model.volume(&id).unwrap().attachments[0].instance_id, "i-1");
+    // No such volume: InvalidVolume.NotFound.
+    service
+        .unpublish(unpublish("vol-0000000000000dead", "i-1"))
+        .await
+        .unwrap();
+    assert_eq!(model.calls("DetachVolume"), 3);
+}
+
+#[tokio::test]
+async fn a_reused_client_token_with_other_parameters_is_already_exists() {
+    let (model, service) = controller(Behaviour::default());
+    model.burn_token(&super::tokens::ClientTokens::default().token("pvc-reused"));
+    let pvc = || request("pvc-reused", &[], capability(Mode::SingleNodeWriter, false));
+    let err = service.create(pvc()).await.unwrap_err();
     assert_eq!(code(err), Code::AlreadyExists);
+    // The retry uses the name's next token and creates the volume.
+    service.create(pvc()).await.unwrap();
+    assert_eq!(model.calls("CreateVolume"), 2);
 }
 
 #[tokio::test]
@@ -317,8 +415,10 @@ async fn volumes_are_cloned_in_the_source_zone_and_status_gives_the_condition() 
         accessibility_requirements: None,
         ..request("pvc-clone", &[], capability(Mode::SingleNodeWriter, false))
     };
+    let source_named = clone.volume_content_source.clone();
     let cloned = service.create(clone).await.unwrap().volume.unwrap();
     assert_eq!(model.calls("CopyVolumes"), 1);
+    assert_eq!(cloned.content_source, source_named, "the reply names its source");
     assert_eq!(
         model.volume(&cloned.volume_id).unwrap().zone,
         model.volume(&source).unwrap().zone

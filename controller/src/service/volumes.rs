@@ -6,7 +6,6 @@ use ebs_csi_proto::v1::list_volumes_response;
 use ebs_csi_proto::v1::validate_volume_capabilities_response::Confirmed;
 use ebs_csi_proto::v1::volume_content_source::{self, SnapshotSource};
 use ebs_csi_proto::v1::*;
-use sha2::{Digest, Sha256};
 
 use super::capability;
 use super::topology;
@@ -21,15 +20,6 @@ use crate::volume_type::{self, VolumeType};
 /// Size of a volume created without a capacity range, in GiB (the Go
 /// driver's default).
 const DEFAULT_SIZE_GIB: i64 = 100;
-
-/// The ClientToken for a volume name: EC2 allows 64 ASCII characters, the
-/// hex SHA-256 of the name is exactly that.
-pub(super) fn client_token(name: &str) -> String {
-    Sha256::digest(name.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 /// The size in GiB for a capacity range: the requested bytes rounded up to
 /// GiB, at least the type's minimum, at most the limit.
@@ -88,13 +78,16 @@ fn published_nodes(v: &Volume) -> Vec<String> {
         .collect()
 }
 
-/// Whether an existing volume satisfies a repeated CreateVolume.
+/// Whether an existing volume satisfies a repeated CreateVolume: what the
+/// request set must hold. Encryption only when asked for: EC2 encrypts
+/// volumes the request did not (encryption by default, an encrypted
+/// snapshot or source volume).
 fn matches_request(v: &Volume, input: &CreateVolumeInput) -> bool {
     v.size_gib == input.size_gib
         && v.volume_type == input.volume_type
         && input.iops.is_none_or(|iops| v.iops == Some(iops))
         && input.throughput.is_none_or(|t| v.throughput == Some(t))
-        && v.encrypted == input.encrypted
+        && (v.encrypted || !input.encrypted)
         && v.snapshot_id == input.snapshot_id
         && v.multi_attach == input.multi_attach
 }
@@ -131,7 +124,7 @@ impl<E: Ec2> ControllerService<E> {
     pub(super) async fn create(&self, r: CreateVolumeRequest) -> Result<CreateVolumeResponse, ControllerError> {
         let name = required("name", &r.name)?;
         let needs = capability::check(&r.volume_capabilities)?;
-        let p = parameters::volume(&r.parameters)?;
+        let p = parameters::volume(&r.parameters)?.with(parameters::mutation(&r.mutable_parameters)?);
         let kind = volume_type::lookup(p.volume_type.as_deref().unwrap_or(volume_type::DEFAULT))?;
         if needs.multi_attach && !kind.multi_attach {
             return Err(ControllerError::InvalidArgument(format!(
@@ -179,12 +172,13 @@ impl<E: Ec2> ControllerService<E> {
             volume_type: kind.name.to_owned(),
             iops,
             throughput: p.throughput,
-            encrypted: p.encrypted,
+            // A KMS key implies encryption, as in the Go driver.
+            encrypted: p.encrypted || p.kms_key_id.is_some(),
             kms_key_id: p.kms_key_id,
             snapshot_id: snapshot.map(|s| s.id),
             multi_attach: needs.multi_attach,
             tags: volume_tags,
-            client_token: client_token(name),
+            client_token: self.tokens.token(name),
         };
         let volume = match self.describe.volumes_by_name.get(name).await? {
             Some(v) if matches_request(&v, &input) => v,
@@ -197,8 +191,9 @@ impl<E: Ec2> ControllerService<E> {
             None => match self.create_or_copy(source.as_ref(), input).await {
                 Ok(v) => v,
                 Err(Ec2Error::IdempotentParameterMismatch(m)) => {
+                    self.tokens.rotate(name);
                     return Err(ControllerError::AlreadyExists(format!(
-                        "a volume named {name} was requested with other parameters: {m}"
+                        "a volume named {name} was requested with other parameters: {m}; the next attempt uses a new client token"
                     )));
                 }
                 Err(e) => return Err(e.into()),
@@ -210,9 +205,14 @@ impl<E: Ec2> ControllerService<E> {
         if let Some(fs) = p.fs_type {
             context.insert("csi.storage.k8s.io/fstype".to_owned(), fs.name().to_owned());
         }
-        Ok(CreateVolumeResponse {
-            volume: Some(csi_volume(&volume, context)),
-        })
+        // The source as the request named it (CSI spec, CreateVolume: a
+        // volume created from a source reports it; external-provisioner
+        // deletes a clone whose reply lacks it).
+        let volume = ebs_csi_proto::v1::Volume {
+            content_source: r.volume_content_source.clone(),
+            ..csi_volume(&volume, context)
+        };
+        Ok(CreateVolumeResponse { volume: Some(volume) })
     }
 
     /// CreateVolume, or CopyVolumes when the content source is a volume.
@@ -406,14 +406,6 @@ mod tests {
             Err(ControllerError::OutOfRange(_))
         ));
         assert!(size_gib(range(5 * GIB, GIB).as_ref(), &gp3, 0).is_err());
-    }
-
-    #[test]
-    fn tokens_are_stable_64_character_hex() {
-        let token = client_token("pvc-1234");
-        assert_eq!(token.len(), 64);
-        assert_eq!(token, client_token("pvc-1234"));
-        assert_ne!(token, client_token("pvc-1235"));
     }
 
     #[test]
