@@ -39,6 +39,7 @@ AGENT_CONTAINER = "ebs-plugin"
 HELPER_CONTAINER = "ebs-csi-helper"
 DRIVER = "ebs.csi.aws.com"
 NODE_ACCOUNT = "ebs-csi-node-sa"
+HELPER_LABEL = "ebs.csi.aws.com/helper"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 failures = []
@@ -184,8 +185,23 @@ def check_helper(where, pod_spec, agent, helper):
         fail(where, "the helper's kubelet directory needs Bidirectional propagation")
 
 
+def requires_helper_label(pod_spec):
+    """Whether the pod is scheduled only on nodes labelled as having the
+    host's helper installed."""
+    terms = (
+        pod_spec.get("affinity", {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution", {})
+        .get("nodeSelectorTerms", [])
+    )
+    wanted = {"key": HELPER_LABEL, "operator": "In", "values": ["installed"]}
+    return bool(terms) and all(wanted in term.get("matchExpressions", []) for term in terms)
+
+
 def check_node(where, daemonset, helper_in_pod):
     pod_spec = daemonset["spec"]["template"]["spec"]
+    if not helper_in_pod and not requires_helper_label(pod_spec):
+        fail(where, f"the DaemonSet must require the node label {HELPER_LABEL}=installed (the host's helper)")
     by_name = {c["name"]: c for c in containers(pod_spec)}
     agent = by_name.get(AGENT_CONTAINER)
     if agent is None:
@@ -398,6 +414,8 @@ BREAKS = [
      "must allow uid and group"),
     ("kubernetes/overlays/hardened/helper-socket.yaml", "mountPath: /run/ebs-csi", "mountPath: /run/other",
      "helper's socket directory"),
+    ("kubernetes/overlays/hardened/helper-socket.yaml", 'values: ["installed"]', 'values: ["yes"]',
+     "ebs.csi.aws.com/helper=installed"),
     ("kubernetes/examples/volumesnapshotclass.yaml", "deletionPolicy: Delete", "deletionPolicy: Keep",
      "deletionPolicy"),
     ("kubernetes/examples/storageclass.yaml", "provisioner: ebs.csi.aws.com", "provisioner: ebs.csi.aws.org",

@@ -69,7 +69,7 @@ impl From<ControllerError> for Status {
                 Ec2Error::NotFound(_) => Code::NotFound,
                 Ec2Error::IdempotentParameterMismatch(_) => Code::AlreadyExists,
                 Ec2Error::IncorrectState(_) => Code::FailedPrecondition,
-                Ec2Error::AttachmentLimitExceeded(_) => Code::ResourceExhausted,
+                Ec2Error::AttachmentLimitExceeded(_) | Ec2Error::QuotaExceeded(_) => Code::ResourceExhausted,
                 Ec2Error::InvalidParameter(_) => Code::InvalidArgument,
                 Ec2Error::DeviceNameRefused(_) | Ec2Error::Throttled(_) | Ec2Error::Transport(_) => Code::Unavailable,
                 Ec2Error::Service { .. } => Code::Internal,
@@ -103,6 +103,7 @@ mod tests {
             (Ec2Error::AttachmentLimitExceeded(s()).into(), Code::ResourceExhausted),
             (Ec2Error::InvalidParameter(s()).into(), Code::InvalidArgument),
             (Ec2Error::DeviceNameRefused(s()).into(), Code::Unavailable),
+            (Ec2Error::QuotaExceeded(s()).into(), Code::ResourceExhausted),
             (Ec2Error::Throttled(s()).into(), Code::Unavailable),
             (Ec2Error::Transport(s()).into(), Code::Unavailable),
             (

@@ -69,6 +69,7 @@ impl ApiMetrics {
                 Ec2Error::IncorrectState(_) => "IncorrectState",
                 Ec2Error::DeviceNameRefused(_) => "InvalidParameterValue",
                 Ec2Error::AttachmentLimitExceeded(_) => "AttachmentLimitExceeded",
+                Ec2Error::QuotaExceeded(_) => "QuotaExceeded",
                 Ec2Error::InvalidParameter(_) => "InvalidParameter",
                 Ec2Error::Throttled(_) => "RequestLimitExceeded",
                 Ec2Error::Transport(_) => "Transport",

@@ -12,6 +12,10 @@ use crate::tags;
 
 /// The fstype key the external-provisioner passes through.
 const FS_TYPE: &str = "csi.storage.k8s.io/fstype";
+/// The Go driver's deprecated spelling of [`FS_TYPE`] (lowercased).
+const DEPRECATED_FS_TYPE: &str = "fstype";
+/// The Go driver's deprecated io2 Block Express switch (lowercased).
+const DEPRECATED_BLOCK_EXPRESS: &str = "blockexpress";
 /// Keys the external-provisioner adds with `--extra-create-metadata`.
 const PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
 const PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
@@ -71,6 +75,18 @@ pub fn volume(parameters: &HashMap<String, String>) -> Result<VolumeParameters, 
             "encrypted" => p.encrypted = boolean(key, value)?,
             "kmskeyid" => p.kms_key_id = Some((*value).clone()),
             FS_TYPE => p.fs_type = Some(fs_type(value)?),
+            // Deprecated keys the Go driver still takes.
+            DEPRECATED_FS_TYPE => {
+                tracing::warn!("StorageClass parameter fsType is deprecated: use csi.storage.k8s.io/fstype");
+                if !lower.contains_key(FS_TYPE) {
+                    p.fs_type = Some(fs_type(value)?);
+                }
+            }
+            DEPRECATED_BLOCK_EXPRESS => {
+                tracing::warn!(
+                    "StorageClass parameter blockExpress is deprecated and ignored: every io2 volume is Block Express"
+                );
+            }
             PVC_NAME | PVC_NAMESPACE | PV_NAME => {
                 let suffix = key.trim_start_matches("csi.storage.k8s.io/");
                 p.tags
@@ -84,6 +100,7 @@ pub fn volume(parameters: &HashMap<String, String>) -> Result<VolumeParameters, 
             _ => return Err(unknown(key)),
         }
     }
+    exclusive_iops(p.iops, p.iops_per_gib)?;
     p.format = FormatOptions::from_map(parameters).map_err(ControllerError::InvalidArgument)?;
     p.format
         .validate(p.fs_type.unwrap_or(FsType::Ext4))
@@ -183,7 +200,18 @@ pub fn mutation(parameters: &HashMap<String, String>) -> Result<Mutation, Contro
             k => return Err(unknown(k)),
         }
     }
+    exclusive_iops(m.iops, m.iops_per_gib)?;
     Ok(m)
+}
+
+/// `iops` and `iopsPerGB` name the same thing two ways: one or the other.
+fn exclusive_iops(iops: Option<i32>, iops_per_gib: Option<i32>) -> Result<(), ControllerError> {
+    if iops.is_some() && iops_per_gib.is_some() {
+        return Err(ControllerError::InvalidArgument(
+            "iops and iopsPerGB are both set: give one".to_owned(),
+        ));
+    }
+    Ok(())
 }
 
 fn number(key: &str, value: &str) -> Result<i32, ControllerError> {
@@ -217,6 +245,32 @@ mod tests {
 
     fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn go_driver_spellings_are_taken() {
+        let p = volume(&map(&[
+            ("fsType", "xfs"),
+            ("blockExpress", "true"),
+            ("tagSpecification1", "team=storage"),
+            ("tagSpecification_2", "tier=gold"),
+        ]))
+        .unwrap();
+        assert_eq!(p.fs_type, Some(FsType::Xfs));
+        assert_eq!(p.tags.get("team").map(String::as_str), Some("storage"));
+        assert_eq!(p.tags.get("tier").map(String::as_str), Some("gold"));
+        // The CSI key wins over the deprecated one.
+        let p = volume(&map(&[("fsType", "xfs"), ("csi.storage.k8s.io/fstype", "ext4")])).unwrap();
+        assert_eq!(p.fs_type, Some(FsType::Ext4));
+    }
+
+    #[test]
+    fn iops_and_iops_per_gb_together_are_refused() {
+        let both = map(&[("iops", "3000"), ("iopsPerGB", "50")]);
+        for error in [volume(&both).unwrap_err(), mutation(&both).unwrap_err()] {
+            assert_eq!(error.to_string(), "iops and iopsPerGB are both set: give one");
+            assert!(matches!(error, ControllerError::InvalidArgument(_)));
+        }
     }
 
     #[test]

@@ -18,8 +18,10 @@ pub const CLUSTER_ID_PREFIX: &str = "kubernetes.io/cluster/";
 /// Prefix of the PVC/PV provenance tags (`…/pvc/name`, …).
 pub const CREATED_FOR_PREFIX: &str = "kubernetes.io/created-for/";
 
-/// Prefix of StorageClass and VolumeSnapshotClass tag parameters.
-pub const SPECIFICATION_PREFIX: &str = "tagspecification_";
+/// Prefix of StorageClass and VolumeSnapshotClass tag parameters,
+/// lowercased: `tagSpecification_1`, and like the Go driver any key that
+/// starts so (`tagSpecification1`).
+pub const SPECIFICATION_PREFIX: &str = "tagspecification";
 /// Prefix of VolumeAttributesClass tag deletions.
 pub const DELETION_PREFIX: &str = "tagdeletion_";
 

@@ -164,6 +164,33 @@ fn make_install_lays_out_a_node_that_systemd_accepts() {
     assert!(warnings.trim().is_empty(), "systemd-analyze verify:\n{warnings}");
 }
 
+/// On a node where uid and gid 990 are another account's, systemd-sysusers
+/// gives the agent other ids (it only warns, measured with systemd 252)
+/// but never another account's group: the primary group is `ebs-csi`.
+#[test]
+fn a_taken_990_never_puts_the_agent_in_a_foreign_group() {
+    if !require_root() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let etc = root.path().join("etc");
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::write(etc.join("passwd"), "other:x:990:990::/:/usr/sbin/nologin\n").unwrap();
+    std::fs::write(etc.join("group"), "other:x:990:\n").unwrap();
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../systemd/ebs-csi.sysusers");
+    let root_flag = format!("--root={}", root.path().display());
+    let output = run_ok("systemd-sysusers", &[root_flag.as_ref(), config.as_os_str()]);
+    let field = |file: &str, name: &str, index: usize| -> String {
+        let text = std::fs::read_to_string(etc.join(file)).unwrap();
+        let line = text.lines().find(|l| l.starts_with(&format!("{name}:"))).unwrap();
+        line.split(':').nth(index).unwrap().to_owned()
+    };
+    let group_gid = field("group", "ebs-csi", 2);
+    assert_ne!(group_gid, "990", "{output}");
+    assert_eq!(field("passwd", "ebs-csi-agent", 3), group_gid, "{output}");
+    assert_ne!(field("passwd", "ebs-csi-agent", 2), "990", "{output}");
+}
+
 /// The agent's uid and the ebs-csi group's gid on installed nodes
 /// (`systemd/ebs-csi.sysusers`, the helper unit's `--allowed-uid`).
 const AGENT_UID_ON_NODES: u32 = 990;

@@ -238,6 +238,11 @@ pub enum Ec2Error {
     /// The instance has no attachment slot left.
     #[error("attachment limit exceeded: {0}")]
     AttachmentLimitExceeded(String),
+    /// An account or Region quota is reached (`SnapshotLimitExceeded`,
+    /// `VolumeLimitExceeded`, `MaxIOPSLimitExceeded`; EC2 API Reference,
+    /// "Error codes").
+    #[error("quota exceeded: {0}")]
+    QuotaExceeded(String),
     /// A parameter was refused.
     #[error("invalid parameter: {0}")]
     InvalidParameter(String),

@@ -121,11 +121,14 @@ where
         | "InvalidVolume.ZoneMismatch"
         | "VolumeModificationRateExceeded" => Ec2Error::IncorrectState(message),
         "AttachmentLimitExceeded" => Ec2Error::AttachmentLimitExceeded(message),
+        "SnapshotLimitExceeded" | "VolumeLimitExceeded" | "MaxIOPSLimitExceeded" => Ec2Error::QuotaExceeded(message),
         "RequestLimitExceeded" | "Throttling" | "ThrottlingException" => Ec2Error::Throttled(message),
         "InvalidParameterValue" if message.contains("unixDevice") || message.contains("already in use") => {
             Ec2Error::DeviceNameRefused(message)
         }
-        c if c.starts_with("InvalidParameter") => Ec2Error::InvalidParameter(message),
+        c if c.starts_with("InvalidParameter") || c == "UnknownParameter" || c == "UnsupportedOperation" => {
+            Ec2Error::InvalidParameter(message)
+        }
         "" => Ec2Error::Transport(aws_sdk_ec2::error::DisplayErrorContext(&error).to_string()),
         _ => Ec2Error::Service { code, message },
     }
