@@ -336,18 +336,23 @@ def check_nomad(flags):
         base = plugin.get("stage_publish_base_dir")
         if base and (base + "/").startswith(plugin["mount_dir"].rstrip("/") + "/"):
             fail(where, "stage_publish_base_dir must not lie inside mount_dir")
-        if task.get("user") in (None, "root"):
-            fail(where, "the plugin must run as an unprivileged user")
         if task["config"][0].get("privileged"):
             fail(where, "the plugin must not be privileged")
         config = task["config"][0]
-        if config["command"] != f"/usr/bin/{binary}":
-            fail(where, f"runs {config['command']}, not /usr/bin/{binary}")
-        check_args(where, flags[binary], config.get("args", []))
         if plugin_type == "node":
             if task["driver"] != "raw_exec":
                 fail(where, "the node plugin needs host paths: raw_exec, no filesystem isolation")
-            check_helper_dropin(plugin["id"], flags["ebs-csi-helper"])
+            root = check_helper_dropin(plugin["id"], flags["ebs-csi-helper"])
+            if base != root:
+                fail(where, f"stage_publish_base_dir {base!r} is not the helper's allowed root {root!r}")
+            command, args = check_socket_handover(where, config, root)
+        else:
+            if task.get("user") in (None, "root"):
+                fail(where, "the plugin must run as an unprivileged user")
+            command, args = config["command"], config.get("args", [])
+        if command != f"/usr/bin/{binary}":
+            fail(where, f"runs {command}, not /usr/bin/{binary}")
+        check_args(where, flags[binary], args)
     if plugins["controller"] != plugins["node"]:
         fail("nomad", f"plugin ids differ: {plugins}")
     volume = load_hcl("volume.hcl")
@@ -363,7 +368,31 @@ def check_nomad(flags):
                 fail("writer.nomad.hcl", "claims a capability the volume does not have")
 
 
+# Nomad ≥ 1.3 dials <data_dir>/client/csi/plugins/<alloc id>/csi.sock in
+# a directory it makes root 0700 (plugin_supervisor_hook.go): root binds
+# the socket and hands it to the agent, which runs with these ids and no
+# privilege (setpriv(1)).
+HANDOVER = ["/usr/bin/setpriv", f"--reuid={AGENT_UID}", f"--regid={AGENT_UID}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+
+
+def check_socket_handover(where, config, plugin_root):
+    """The node task: systemd-socket-activate binds Nomad's socket path,
+    setpriv drops every privilege, then the agent. Returns the agent's
+    command and arguments."""
+    data_dir = plugin_root.split("/client/csi/")[0]
+    listen = f"--listen={data_dir}/client/csi/plugins/${{NOMAD_ALLOC_ID}}/csi.sock"
+    args = config.get("args", [])
+    if config["command"] != "/usr/bin/systemd-socket-activate" or args[:1] != [listen]:
+        fail(where, f"the socket must be bound by systemd-socket-activate {listen}")
+    if args[1:1 + len(HANDOVER)] != HANDOVER:
+        fail(where, f"the agent must be started through {' '.join(HANDOVER)} (uid and gid {AGENT_UID}, no privilege)")
+    rest = args[1 + len(HANDOVER):]
+    return (rest[0] if rest else ""), rest[1:]
+
+
 def check_helper_dropin(plugin_id, helper_flags):
+    """Checks the helper's Nomad drop-in; returns its --allowed-root."""
     where = "ebs-csi-helper-nomad.conf"
     text = (DEPLOY / "nomad" / where).read_text()
     exec_start = [line.split("=", 1)[1] for line in text.splitlines() if line.startswith("ExecStart=")]
@@ -376,6 +405,7 @@ def check_helper_dropin(plugin_id, helper_flags):
         fail(where, f"--allowed-root {root!r} is not <data_dir>/client/csi/node/{plugin_id}")
     if flag_value(args, "--allowed-uid") != str(AGENT_UID):
         fail(where, f"--allowed-uid must be the agent's uid {AGENT_UID}")
+    return root
 
 
 def check_all(flags):
@@ -422,7 +452,13 @@ BREAKS = [
      "names driver"),
     ("nomad/ebs-csi-controller.nomad.hcl", '"aws-ebs0"', '"aws-ebs1"', "plugin ids differ"),
     ("nomad/ebs-csi-node.nomad.hcl", '"raw_exec"', '"exec"', "raw_exec"),
-    ("nomad/ebs-csi-node.nomad.hcl", 'user   = "ebs-csi-agent"', 'user   = "root"', "unprivileged user"),
+    ("nomad/ebs-csi-node.nomad.hcl", '"--reuid=990"', '"--reuid=0"', "no privilege"),
+    ("nomad/ebs-csi-node.nomad.hcl", '"--no-new-privs", ', "", "no privilege"),
+    ("nomad/ebs-csi-node.nomad.hcl", 'stage_publish_base_dir = "/opt/nomad/data/client/csi/node/aws-ebs0"',
+     'stage_publish_base_dir = "/local/csi"', "is not the helper's allowed root"),
+    ("nomad/ebs-csi-node.nomad.hcl", "/client/csi/plugins/${NOMAD_ALLOC_ID}/csi.sock",
+     "/client/csi/node/aws-ebs0/csi.sock", "bound by systemd-socket-activate"),
+    ("nomad/ebs-csi-controller.nomad.hcl", 'user   = "nobody"', 'user   = "root"', "unprivileged user"),
     ("nomad/ebs-csi-node.nomad.hcl", '"--helper-socket"', '"--helper-sock"', "--helper-sock is not a flag"),
     ("nomad/ebs-csi-helper-nomad.conf", "node/aws-ebs0", "node/aws-ebs9", "--allowed-root"),
     ("nomad/volume.hcl", 'plugin_id = "aws-ebs0"', 'plugin_id = "other"', "plugin_id"),

@@ -25,6 +25,7 @@ pub mod guest;
 pub mod lifecycle;
 pub mod loopdev;
 pub mod moto;
+pub mod nomad;
 pub mod qemu;
 
 pub use loopdev::LoopVolume;

@@ -8,14 +8,16 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use ebs_csi_proto::v1::node_client::NodeClient;
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use ebs_csi_proto::v1::*;
-use ebs_csi_tests::{Agent, Helper, LoopVolume, Sandbox, is_mounted, mounts_under, require_root};
+use ebs_csi_tests::nomad::{self, NomadClient};
+use ebs_csi_tests::{AGENT_UID, Agent, Helper, LoopVolume, Sandbox, is_mounted, mounts_under, require_root};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -38,29 +40,33 @@ impl Node {
         let target = sandbox
             .kubelet()
             .join("pods/pod-1/volumes/kubernetes.io~csi/pv-1/mount");
-        Self::with_paths(sandbox, helper, staging, target).await
+        let agent = Agent::start(&sandbox, &helper);
+        Self::with_paths(sandbox, helper, agent, staging, target).await
     }
 
-    /// A node laid out as a Nomad client with the node plugin `aws-ebs0`
-    /// under `raw_exec`: host paths beneath the plugin's directory, the
-    /// helper's allowed root (see deploy/nomad and docs/install-nomad.md).
+    /// A Nomad client running the node job of deploy/nomad (see
+    /// `ebs_csi_tests::nomad`): Nomad's directories and modes, the task's
+    /// own command line, staging and target paths built on its
+    /// `stage_publish_base_dir`, the helper's allowed root.
     async fn start_nomad(volume_id: &str) -> Self {
         let sandbox = Sandbox::new();
-        let plugin_dir = sandbox.mkdir("nomad/data/client/csi/node/aws-ebs0");
+        let nomad = NomadClient::new(sandbox.path());
+        let plugin_dir = nomad.plugin_dir.clone();
         let helper = Helper::start(&sandbox, &["--allowed-root", plugin_dir.to_str().unwrap()]);
+        let args = [&Agent::NODE_FLAGS[..], &["--device-wait-seconds", "10"]].concat();
+        let agent = nomad.start_node_task(sandbox.path(), &helper, &args);
         let usage = "rw-file-system-single-node-writer";
-        let staging = sandbox.mkdir(&format!(
-            "nomad/data/client/csi/node/aws-ebs0/staging/default/{volume_id}/{usage}"
-        ));
-        let target = plugin_dir.join(format!(
-            "per-alloc/5f3e0a4c-1b2d-4e6f-8a9b-0c1d2e3f4a5b/{volume_id}/{usage}"
-        ));
-        Self::with_paths(sandbox, helper, staging, target).await
+        // Nomad makes the staging directory (MkdirAll, 0700) before
+        // NodeStageVolume; the plugin makes the target.
+        let staging = plugin_dir.join(format!("staging/default/{volume_id}/{usage}"));
+        std::fs::create_dir_all(&staging).unwrap();
+        std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let target = plugin_dir.join(format!("per-alloc/{}/{volume_id}/{usage}", nomad::ALLOC_ID));
+        Self::with_paths(sandbox, helper, agent, staging, target).await
     }
 
-    /// Starts the agent for `helper`; stages at `staging`, publishes at `target`.
-    async fn with_paths(sandbox: Sandbox, helper: Helper, staging: PathBuf, target: PathBuf) -> Self {
-        let agent = Agent::start(&sandbox, &helper);
+    /// A node of `agent` and `helper`; stages at `staging`, publishes at `target`.
+    async fn with_paths(sandbox: Sandbox, helper: Helper, agent: Agent, staging: PathBuf, target: PathBuf) -> Self {
         let client = agent.node().await;
         Self {
             sandbox,
@@ -212,6 +218,23 @@ async fn nomad_paths_are_staged_and_published_beneath_the_plugin_directory() {
     }
     let volume_id = "vol-0ccccccccccccccc3";
     let mut node = Node::start_nomad(volume_id).await;
+    // Root made the socket in Nomad's root-only directory; on the first
+    // connection systemd-socket-activate became setpriv, then the agent,
+    // which has the agent's ids, no capability and no way to regain one.
+    let status_file = format!("/proc/{}/status", node.agent.process.pid());
+    ebs_csi_tests::wait_until("the agent to serve the socket", Duration::from_secs(5), || {
+        std::fs::read_to_string(&status_file).is_ok_and(|s| s.starts_with("Name:\tebs-csi-agent\n"))
+    });
+    let status = std::fs::read_to_string(&status_file).unwrap();
+    for line in [
+        format!("Uid:\t{AGENT_UID}\t{AGENT_UID}\t{AGENT_UID}\t{AGENT_UID}"),
+        format!("Gid:\t{AGENT_UID}\t{AGENT_UID}\t{AGENT_UID}\t{AGENT_UID}"),
+        "CapEff:\t0000000000000000".to_owned(),
+        "CapBnd:\t0000000000000000".to_owned(),
+        "NoNewPrivs:\t1".to_owned(),
+    ] {
+        assert!(status.lines().any(|l| l == line), "no {line:?} in\n{status}");
+    }
     let _volume = node.volume(volume_id, 64);
     let cap = mount("ext4", Mode::SingleNodeWriter);
     node.stage(volume_id, cap.clone()).await.unwrap();
