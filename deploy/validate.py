@@ -39,6 +39,7 @@ AGENT_CONTAINER = "ebs-plugin"
 HELPER_CONTAINER = "ebs-csi-helper"
 DRIVER = "ebs.csi.aws.com"
 NODE_ACCOUNT = "ebs-csi-node-sa"
+NOBODY = 65534
 HELPER_LABEL = "ebs.csi.aws.com/helper"
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
@@ -339,17 +340,13 @@ def check_nomad(flags):
         if task["config"][0].get("privileged"):
             fail(where, "the plugin must not be privileged")
         config = task["config"][0]
-        if plugin_type == "node":
-            if task["driver"] != "raw_exec":
-                fail(where, "the node plugin needs host paths: raw_exec, no filesystem isolation")
-            root = check_helper_dropin(plugin["id"], flags["ebs-csi-helper"])
-            if base != root:
-                fail(where, f"stage_publish_base_dir {base!r} is not the helper's allowed root {root!r}")
-            command, args = check_socket_handover(where, config, root)
-        else:
-            if task.get("user") in (None, "root"):
-                fail(where, "the plugin must run as an unprivileged user")
-            command, args = config["command"], config.get("args", [])
+        if task["driver"] != "raw_exec":
+            fail(where, "the plugin's socket is handed over on the host: raw_exec")
+        root = check_helper_dropin(plugin["id"], flags["ebs-csi-helper"])
+        if plugin_type == "node" and base != root:
+            fail(where, f"stage_publish_base_dir {base!r} is not the helper's allowed root {root!r}")
+        uid = AGENT_UID if plugin_type == "node" else NOBODY
+        command, args = check_socket_handover(where, config, root.split("/client/csi/")[0], uid)
         if command != f"/usr/bin/{binary}":
             fail(where, f"runs {command}, not /usr/bin/{binary}")
         check_args(where, flags[binary], args)
@@ -370,24 +367,25 @@ def check_nomad(flags):
 
 # Nomad ≥ 1.3 dials <data_dir>/client/csi/plugins/<alloc id>/csi.sock in
 # a directory it makes root 0700 (plugin_supervisor_hook.go): root binds
-# the socket and hands it to the agent, which runs with these ids and no
+# the socket and hands it to the plugin, which runs with these ids and no
 # privilege (setpriv(1)).
-HANDOVER = ["/usr/bin/setpriv", f"--reuid={AGENT_UID}", f"--regid={AGENT_UID}", "--clear-groups",
+def handover(uid):
+    return ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
             "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
 
 
-def check_socket_handover(where, config, plugin_root):
-    """The node task: systemd-socket-activate binds Nomad's socket path,
-    setpriv drops every privilege, then the agent. Returns the agent's
+def check_socket_handover(where, config, data_dir, uid):
+    """systemd-socket-activate binds Nomad's socket path, setpriv drops to
+    `uid` and every privilege, then the plugin. Returns the plugin's
     command and arguments."""
-    data_dir = plugin_root.split("/client/csi/")[0]
     listen = f"--listen={data_dir}/client/csi/plugins/${{NOMAD_ALLOC_ID}}/csi.sock"
     args = config.get("args", [])
     if config["command"] != "/usr/bin/systemd-socket-activate" or args[:1] != [listen]:
         fail(where, f"the socket must be bound by systemd-socket-activate {listen}")
-    if args[1:1 + len(HANDOVER)] != HANDOVER:
-        fail(where, f"the agent must be started through {' '.join(HANDOVER)} (uid and gid {AGENT_UID}, no privilege)")
-    rest = args[1 + len(HANDOVER):]
+    expected = handover(uid)
+    if args[1:1 + len(expected)] != expected:
+        fail(where, f"the plugin must be started through {' '.join(expected)} (no privilege)")
+    rest = args[1 + len(expected):]
     return (rest[0] if rest else ""), rest[1:]
 
 
@@ -452,13 +450,14 @@ BREAKS = [
      "names driver"),
     ("nomad/ebs-csi-controller.nomad.hcl", '"aws-ebs0"', '"aws-ebs1"', "plugin ids differ"),
     ("nomad/ebs-csi-node.nomad.hcl", '"raw_exec"', '"exec"', "raw_exec"),
+    ("nomad/ebs-csi-controller.nomad.hcl", '"raw_exec"', '"exec"', "raw_exec"),
     ("nomad/ebs-csi-node.nomad.hcl", '"--reuid=990"', '"--reuid=0"', "no privilege"),
     ("nomad/ebs-csi-node.nomad.hcl", '"--no-new-privs", ', "", "no privilege"),
     ("nomad/ebs-csi-node.nomad.hcl", 'stage_publish_base_dir = "/opt/nomad/data/client/csi/node/aws-ebs0"',
      'stage_publish_base_dir = "/local/csi"', "is not the helper's allowed root"),
     ("nomad/ebs-csi-node.nomad.hcl", "/client/csi/plugins/${NOMAD_ALLOC_ID}/csi.sock",
      "/client/csi/node/aws-ebs0/csi.sock", "bound by systemd-socket-activate"),
-    ("nomad/ebs-csi-controller.nomad.hcl", 'user   = "nobody"', 'user   = "root"', "unprivileged user"),
+    ("nomad/ebs-csi-controller.nomad.hcl", '"--reuid=65534"', '"--reuid=0"', "no privilege"),
     ("nomad/ebs-csi-node.nomad.hcl", '"--helper-socket"', '"--helper-sock"', "--helper-sock is not a flag"),
     ("nomad/ebs-csi-helper-nomad.conf", "node/aws-ebs0", "node/aws-ebs9", "--allowed-root"),
     ("nomad/volume.hcl", 'plugin_id = "aws-ebs0"', 'plugin_id = "other"', "plugin_id"),

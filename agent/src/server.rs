@@ -25,10 +25,10 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Serves Identity and Node until SIGTERM or SIGINT: on the socket systemd
-/// passes when the agent is socket-activated (`ebs-csi-agent.socket`; systemd
-/// then owns the file), otherwise on `socket`, created here and removed at
-/// exit.
+/// Serves Identity and Node until SIGTERM or SIGINT: on the socket passed
+/// when the agent is socket-activated (`ebs-csi-agent.socket`, or the Nomad
+/// job's `systemd-socket-activate`; the file is then theirs), otherwise on
+/// `socket`, created here and removed at exit.
 ///
 /// # Errors
 /// [`ServeError::Listen`] or [`ServeError::Transport`].
@@ -37,24 +37,18 @@ pub async fn serve(socket: &Path, identity: IdentityService, node: NodeService) 
         path: socket.to_owned(),
         source,
     };
-    let activated = ebs_csi_linux::activation::listener_from_systemd().map_err(listen_error)?;
-    let activated_socket = activated.is_some();
-    let listener = match activated {
-        Some(listener) => {
-            tracing::info!("serving CSI Identity and Node on the socket systemd passed");
-            endpoint::adopt(listener).map_err(listen_error)?
-        }
-        None => {
-            tracing::info!(socket = %socket.display(), "serving CSI Identity and Node");
-            endpoint::bind(socket).map_err(listen_error)?
-        }
-    };
+    let listening = endpoint::listen(socket).map_err(listen_error)?;
+    if listening.passed {
+        tracing::info!("serving CSI Identity and Node on the socket passed in");
+    } else {
+        tracing::info!(socket = %socket.display(), "serving CSI Identity and Node");
+    }
     tonic::transport::Server::builder()
         .add_service(IdentityServer::new(identity))
         .add_service(NodeServer::new(node))
-        .serve_with_incoming_shutdown(endpoint::connections(listener), endpoint::shutdown_signal())
+        .serve_with_incoming_shutdown(endpoint::connections(listening.listener), endpoint::shutdown_signal())
         .await?;
-    if !activated_socket {
+    if !listening.passed {
         let _ = std::fs::remove_file(socket);
     }
     Ok(())

@@ -114,12 +114,19 @@ async fn main() -> anyhow::Result<()> {
         modify_window: args.modify_volume_request_handler_timeout,
         ..Settings::default()
     };
-    let listener = endpoint::bind(&socket).with_context(|| format!("listening on {}", socket.display()))?;
-    tracing::info!(socket = %socket.display(), region = ?config.region(), "serving CSI Identity and Controller");
+    // The socket passed in (the Nomad job's systemd-socket-activate), or
+    // `socket` bound here.
+    let listening = endpoint::listen(&socket).with_context(|| format!("listening on {}", socket.display()))?;
+    let on = if listening.passed {
+        "the socket passed in".to_owned()
+    } else {
+        socket.display().to_string()
+    };
+    tracing::info!(socket = %on, region = ?config.region(), "serving CSI Identity and Controller");
     tonic::transport::Server::builder()
         .add_service(IdentityServer::new(IdentityService::new(Arc::clone(&ec2))))
         .add_service(ControllerServer::new(ControllerService::new(ec2, settings)))
-        .serve_with_incoming_shutdown(endpoint::connections(listener), endpoint::shutdown_signal())
+        .serve_with_incoming_shutdown(endpoint::connections(listening.listener), endpoint::shutdown_signal())
         .await?;
     Ok(())
 }

@@ -12,8 +12,9 @@ use ebs_csi_proto::v1::controller_client::ControllerClient;
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use ebs_csi_proto::v1::*;
-use ebs_csi_tests::Sandbox;
 use ebs_csi_tests::moto::{Controller, Moto, xml_values};
+use ebs_csi_tests::nomad::{self, NomadClient};
+use ebs_csi_tests::{Sandbox, require_root};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -718,4 +719,27 @@ async fn batching_merges_describe_calls() {
     let without = describe_calls("false", 50).await;
     eprintln!("Describe calls for 50 volumes: {with} with batching, {without} without");
     assert!(with * 2 < without, "{with} with batching vs {without} without");
+}
+
+/// The controller job of deploy/nomad as a Nomad client runs it (see
+/// `ebs_csi_tests::nomad`): root binds the socket in Nomad's root-only
+/// directory and hands it over; the controller serves it as nobody.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_nomad_controller_job_serves_nomads_socket_unprivileged() {
+    if !require_root() {
+        return;
+    }
+    let moto = Moto::start();
+    let sandbox = Sandbox::new();
+    let nomad = NomadClient::new(sandbox.path());
+    let controller = nomad.start_controller_task(sandbox.path(), &moto.endpoint, REGION);
+    let info = controller
+        .identity()
+        .await
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "ebs.csi.aws.com");
+    nomad::assert_handed_over(controller.process.pid(), "ebs-csi-control", 65534);
 }

@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use ebs_csi_proto::v1::node_client::NodeClient;
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
@@ -61,7 +60,7 @@ impl Node {
         let staging = plugin_dir.join(format!("staging/default/{volume_id}/{usage}"));
         std::fs::create_dir_all(&staging).unwrap();
         std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let target = plugin_dir.join(format!("per-alloc/{}/{volume_id}/{usage}", nomad::ALLOC_ID));
+        let target = plugin_dir.join(format!("per-alloc/{}/{volume_id}/{usage}", nomad::NODE_ALLOC_ID));
         Self::with_paths(sandbox, helper, agent, staging, target).await
     }
 
@@ -219,22 +218,8 @@ async fn nomad_paths_are_staged_and_published_beneath_the_plugin_directory() {
     let volume_id = "vol-0ccccccccccccccc3";
     let mut node = Node::start_nomad(volume_id).await;
     // Root made the socket in Nomad's root-only directory; on the first
-    // connection systemd-socket-activate became setpriv, then the agent,
-    // which has the agent's ids, no capability and no way to regain one.
-    let status_file = format!("/proc/{}/status", node.agent.process.pid());
-    ebs_csi_tests::wait_until("the agent to serve the socket", Duration::from_secs(5), || {
-        std::fs::read_to_string(&status_file).is_ok_and(|s| s.starts_with("Name:\tebs-csi-agent\n"))
-    });
-    let status = std::fs::read_to_string(&status_file).unwrap();
-    for line in [
-        format!("Uid:\t{AGENT_UID}\t{AGENT_UID}\t{AGENT_UID}\t{AGENT_UID}"),
-        format!("Gid:\t{AGENT_UID}\t{AGENT_UID}\t{AGENT_UID}\t{AGENT_UID}"),
-        "CapEff:\t0000000000000000".to_owned(),
-        "CapBnd:\t0000000000000000".to_owned(),
-        "NoNewPrivs:\t1".to_owned(),
-    ] {
-        assert!(status.lines().any(|l| l == line), "no {line:?} in\n{status}");
-    }
+    // connection systemd-socket-activate became setpriv, then the agent.
+    nomad::assert_handed_over(node.agent.process.pid(), "ebs-csi-agent", AGENT_UID);
     let _volume = node.volume(volume_id, 64);
     let cap = mount("ext4", Mode::SingleNodeWriter);
     node.stage(volume_id, cap.clone()).await.unwrap();

@@ -59,6 +59,34 @@ pub fn adopt(listener: std::os::unix::net::UnixListener) -> io::Result<UnixListe
     UnixListener::from_std(listener)
 }
 
+/// Where a service listens.
+pub struct Listening {
+    /// The listening socket.
+    pub listener: UnixListener,
+    /// The socket was passed in (sd_listen_fds(3): by systemd, or by
+    /// `systemd-socket-activate` as in the Nomad jobs): its file is not
+    /// this process's to remove.
+    pub passed: bool,
+}
+
+/// The socket passed by socket activation if there is one, otherwise
+/// `socket` bound here ([`bind`]).
+///
+/// # Errors
+/// The error adopting the passed socket or binding `socket`.
+pub fn listen(socket: &Path) -> io::Result<Listening> {
+    match ebs_csi_linux::activation::listener_from_systemd()? {
+        Some(passed) => Ok(Listening {
+            listener: adopt(passed)?,
+            passed: true,
+        }),
+        None => Ok(Listening {
+            listener: bind(socket)?,
+            passed: false,
+        }),
+    }
+}
+
 /// The connections to serve with tonic's `serve_with_incoming`: each
 /// accepted client's bytes pass through the
 /// [`AuthorityFilter`](crate::authority::AuthorityFilter), so any gRPC
