@@ -142,15 +142,13 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(node_id = %metadata.instance_id, zone = %metadata.availability_zone, instance_type = %metadata.instance_type, max_volumes, "node");
     let helper = Helper::new(args.helper_socket, Duration::from_secs(args.helper_timeout_seconds));
     if let Some(address) = args.http_endpoint {
-        let listener = tokio::net::TcpListener::bind(address)
-            .await
-            .with_context(|| format!("--http-endpoint {address}"))?;
-        tracing::info!(address = %listener.local_addr()?, "serving metrics");
         let metrics = NodeMetrics::new(helper.clone(), args.sys_dir.clone(), metadata.instance_id.clone())?;
-        tokio::spawn(ebs_csi_proto::metrics_http::serve(listener, move || {
+        ebs_csi_proto::metrics_http::start(address, move || {
             let metrics = metrics.clone();
             async move { metrics.render().await }
-        }));
+        })
+        .await
+        .with_context(|| format!("--http-endpoint {address}"))?;
     }
     let finder = DeviceFinder::new(args.dev_dir, args.sys_dir, !args.device_poll_only);
     let node = NodeService::new(

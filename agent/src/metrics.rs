@@ -211,18 +211,20 @@ fn volume_families(instance_id: &str, volumes: &[(String, Statistics)]) -> Vec<M
             metric.set_gauge(gauge);
         },
     ));
-    for (name, help, bins) in [
+    type Bins = fn(&Statistics) -> &[Bin];
+    let histograms: [(&str, &str, Bins); 2] = [
         (
             "read_io_latency_seconds",
             "The number of read operations completed within each latency bin, in seconds.",
-            (|s| &s.read_latency) as fn(&Statistics) -> &Vec<Bin>,
+            |s| &s.read_latency,
         ),
         (
             "write_io_latency_seconds",
             "The number of write operations completed within each latency bin, in seconds.",
             |s| &s.write_latency,
         ),
-    ] {
+    ];
+    for (name, help, bins) in histograms {
         families.push(family(
             name,
             help,

@@ -95,11 +95,13 @@ async fn main() -> anyhow::Result<()> {
     let config = loader.load().await;
     let metrics = ApiMetrics::new().context("metrics")?;
     if let Some(address) = args.http_endpoint {
-        let listener = tokio::net::TcpListener::bind(address)
-            .await
-            .with_context(|| format!("--http-endpoint {address}"))?;
-        tracing::info!(address = %listener.local_addr()?, "serving metrics");
-        tokio::spawn(metrics.clone().serve(listener));
+        let served = metrics.clone();
+        ebs_csi_proto::metrics_http::start(address, move || {
+            let metrics = served.clone();
+            async move { metrics.render() }
+        })
+        .await
+        .with_context(|| format!("--http-endpoint {address}"))?;
     }
     let ec2 = Arc::new(SdkEc2::new(&config, metrics));
     let settings = Settings {

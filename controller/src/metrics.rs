@@ -5,7 +5,6 @@ use std::future::Future;
 use std::time::Instant;
 
 use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
-use tokio::net::TcpListener;
 
 use crate::ec2::Ec2Error;
 
@@ -89,14 +88,5 @@ impl ApiMetrics {
         // Encoding into a Vec cannot fail for well-formed families.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8_lossy(&out).into_owned()
-    }
-
-    /// Serves `GET /metrics` on `listener` until the task is dropped.
-    pub async fn serve(self, listener: TcpListener) {
-        ebs_csi_proto::metrics_http::serve(listener, move || {
-            let metrics = self.clone();
-            async move { metrics.render() }
-        })
-        .await;
     }
 }

@@ -12,7 +12,8 @@
 //! - staging and target paths it sends are built on the job's
 //!   `stage_publish_base_dir`.
 //!
-//! The jobs' text is read with python-hcl2 (the tests' venv); the tests
+//! The jobs' text is read by `deploy/validate.py`'s `tasks` (python-hcl2,
+//! the tests' venv); the tests
 //! replace only the client's `data_dir` (`/opt/nomad/data`), the binaries'
 //! paths, and for the node the helper's socket and the agent's ids, with
 //! the sandbox's.
@@ -52,17 +53,17 @@ pub const CONTROLLER_JOB: &str = "ebs-csi-controller.nomad.hcl";
 /// Reads the plugin task of the shipped job `job` ([`NODE_JOB`] or
 /// [`CONTROLLER_JOB`]).
 pub fn task(job: &str) -> Task {
-    let script = "import hcl2, json, sys\n\
-        from hcl2.utils import SerializationOptions\n\
-        options = SerializationOptions(strip_string_quotes=True, explicit_blocks=False, with_comments=False)\n\
-        job = hcl2.load(open(sys.argv[1]), serialization_options=options)['job'][0]\n\
-        task = list(list(job.values())[0]['group'][0].values())[0]['task'][0]\n\
-        task = list(task.values())[0]\n\
+    // deploy/validate.py's own reading of the jobs (python-hcl2).
+    let script = "import json, sys\n\
+        sys.path.insert(0, sys.argv[1])\n\
+        import validate\n\
+        (_, _, (_, task)), = list(validate.tasks(sys.argv[2]))\n\
         print(json.dumps([task['config'][0]['command'], task['config'][0]['args'],\n\
               task['csi_plugin'][0].get('stage_publish_base_dir', '')]))";
     let output = Command::new(venv_program("python"))
         .args(["-c", script])
-        .arg(repository().join("deploy/nomad").join(job))
+        .arg(repository().join("deploy"))
+        .arg(job)
         .output()
         .expect("python-hcl2");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));

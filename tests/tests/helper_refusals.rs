@@ -347,12 +347,10 @@ fn performance_statistics_are_read_only_from_the_proven_volume() {
             device: device.display().to_string(),
         })
     };
-    assert_refused(
-        &helper,
-        &volume,
-        request(&other.device),
-        |e| matches!(e, HelperError::DeviceRefused { volume_id, .. } if volume_id == VOLUME),
-    );
+    assert_refused(&helper, &volume, request(&other.device), |e| {
+        matches!(e, HelperError::DeviceRefused { volume_id, reason, .. }
+                if volume_id == VOLUME && reason == "the loop device's backing file does not name the volume")
+    });
     // The volume's own device is asked on the verified fd: a loop device
     // is no NVMe controller, and the loop driver answers an ioctl it does
     // not know with EINVAL (drivers/block/loop.c, lo_simple_ioctl).

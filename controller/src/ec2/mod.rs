@@ -239,8 +239,9 @@ pub enum Ec2Error {
     #[error("attachment limit exceeded: {0}")]
     AttachmentLimitExceeded(String),
     /// An account or Region quota is reached (`SnapshotLimitExceeded`,
-    /// `VolumeLimitExceeded`, `MaxIOPSLimitExceeded`; EC2 API Reference,
-    /// "Error codes").
+    /// `VolumeLimitExceeded`, `MaxIOPSLimitExceeded`,
+    /// `VolumeModificationSizeLimitExceeded`; EC2 API Reference, "Error
+    /// codes").
     #[error("quota exceeded: {0}")]
     QuotaExceeded(String),
     /// A parameter was refused.

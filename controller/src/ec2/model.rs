@@ -341,9 +341,11 @@ impl Ec2 for Model {
             .volumes
             .get_mut(volume_id)
             .ok_or_else(|| Self::missing(volume_id))?;
-        // EC2's answers (captured): a volume attached nowhere is
-        // `IncorrectState` "Volume 'vol-…' is in the 'available' state.";
-        // one attached elsewhere is `InvalidAttachment.NotFound`.
+        // EC2's answers: a volume attached nowhere is `IncorrectState`
+        // "Volume 'vol-…' is in the 'available' state." (the response
+        // captured in kubernetes-sigs/aws-ebs-csi-driver#1801); one attached
+        // elsewhere is `InvalidAttachment.NotFound` (EC2 API Reference,
+        // "Error codes").
         if volume.attachments.is_empty() {
             return Err(Ec2Error::IncorrectState(format!(
                 "Volume '{volume_id}' is in the 'available' state."

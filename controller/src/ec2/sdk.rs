@@ -121,12 +121,23 @@ where
         | "InvalidVolume.ZoneMismatch"
         | "VolumeModificationRateExceeded" => Ec2Error::IncorrectState(message),
         "AttachmentLimitExceeded" => Ec2Error::AttachmentLimitExceeded(message),
-        "SnapshotLimitExceeded" | "VolumeLimitExceeded" | "MaxIOPSLimitExceeded" => Ec2Error::QuotaExceeded(message),
+        // The Go driver's classes (controller.go, controller_modify_volume.go,
+        // cloud.go): limits are RESOURCE_EXHAUSTED, unknown or unsupported
+        // input INVALID_ARGUMENT.
+        "SnapshotLimitExceeded"
+        | "VolumeLimitExceeded"
+        | "MaxIOPSLimitExceeded"
+        | "VolumeModificationSizeLimitExceeded" => Ec2Error::QuotaExceeded(message),
         "RequestLimitExceeded" | "Throttling" | "ThrottlingException" => Ec2Error::Throttled(message),
         "InvalidParameterValue" if message.contains("unixDevice") || message.contains("already in use") => {
             Ec2Error::DeviceNameRefused(message)
         }
-        c if c.starts_with("InvalidParameter") || c == "UnknownParameter" || c == "UnsupportedOperation" => {
+        c if c.starts_with("InvalidParameter")
+            || matches!(
+                c,
+                "UnknownParameter" | "UnknownVolumeType" | "UnsupportedOperation" | "ValidationError"
+            ) =>
+        {
             Ec2Error::InvalidParameter(message)
         }
         "" => Ec2Error::Transport(aws_sdk_ec2::error::DisplayErrorContext(&error).to_string()),

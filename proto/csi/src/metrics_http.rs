@@ -3,6 +3,8 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -12,6 +14,22 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
+
+/// Binds `address` (a service's `--http-endpoint`) and serves `/metrics`
+/// there on a task of its own ([`serve`]).
+///
+/// # Errors
+/// The error binding `address`.
+pub async fn start<F, R>(address: SocketAddr, render: F) -> io::Result<()>
+where
+    F: Fn() -> R + Clone + Send + Sync + 'static,
+    R: Future<Output = String> + Send + 'static,
+{
+    let listener = TcpListener::bind(address).await?;
+    tracing::info!(address = %listener.local_addr()?, "serving metrics");
+    tokio::spawn(serve(listener, render));
+    Ok(())
+}
 
 /// Serves `GET /metrics` on `listener`, answering with what `render`
 /// produces for each request; any other method or path is 404. Runs until
