@@ -66,6 +66,14 @@ fn the_helper_runs_with_least_privilege() {
     }
     let sandbox = Sandbox::new();
     let helper = ebs_csi_tests::Helper::start(&sandbox, &[]);
+    // The socket listens before the helper drops its privileges (binding
+    // needs them); the first reply comes after, so wait for one.
+    assert_eq!(
+        helper.call(Request::Ping).unwrap(),
+        Reply::Pong {
+            version: PROTOCOL_VERSION
+        }
+    );
     let pid = helper.process.pid();
     let (admin, resource): (u64, u64) = (1 << 21, 1 << 24);
     let mut executors = 0;
