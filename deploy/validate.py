@@ -13,12 +13,16 @@ KUBERNETES_VERSION); kinds it has no schema for (the snapshot CRDs) are
 checked field by field here. Then: the agent container is unprivileged,
 the helper container is the only privileged one, the helper admits
 the agent's uid and group, and the controller's sidecars enable
-VolumeAttributesClass and wait long enough for an attach and a Probe. Nomad: every .hcl parses (python-hcl2), plugin
+VolumeAttributesClass and wait long enough for an attach and a Probe.
+IAM: the base policy and the migration policy allow exactly what each
+promises on volumes of every origin. Nomad: every .hcl parses (python-hcl2), plugin
 ids and types agree across the jobs and the volume, and the helper's
 systemd drop-in allows the node plugin's directory. Prints one line per
 failure and exits 1 if there was any.
 """
 
+import fnmatch
+import json
 import re
 import shutil
 import subprocess
@@ -50,10 +54,10 @@ def fail(where, message):
     failures.append(f"{where}: {message}")
 
 
-def accepted_flags(bin_dir, binary):
-    """The long flags `binary --help` lists."""
+def accepted_flags(bin_dir, binary, *subcommand):
+    """The long flags `binary [subcommand] --help` lists."""
     help_text = subprocess.run(
-        [str(bin_dir / binary), "--help"], check=True, capture_output=True, text=True
+        [str(bin_dir / binary), *subcommand, "--help"], check=True, capture_output=True, text=True
     ).stdout
     return set(re.findall(r"(--[a-z][a-z0-9-]*)", help_text))
 
@@ -263,9 +267,15 @@ def check_overlay(overlay, flags):
         if pod_spec is None:
             continue
         for container in containers(pod_spec):
-            command = container.get("command", [""])[0]
-            if command.startswith("/usr/bin/ebs-csi-"):
-                check_args(f"{where} {container['name']}", flags[Path(command).name], container.get("args", []))
+            check_image(f"{where} {container['name']}", container)
+            command = container.get("command", [""])
+            if command[0].startswith("/usr/bin/ebs-csi-"):
+                # The program and its subcommand, if any: "ebs-csi-agent plugin-dir".
+                program = " ".join([Path(command[0]).name] + [c for c in command[1:2] if not c.startswith("-")])
+                if program not in flags:
+                    fail(f"{where} {container['name']}", f"runs {program}, which is not a command of the binaries")
+                else:
+                    check_args(f"{where} {container['name']}", flags[program], command[1:] + container.get("args", []))
             privileged_allowed = overlay == "standard" and container["name"] == HELPER_CONTAINER
             if is_privileged(container) != privileged_allowed:
                 state = "privileged" if is_privileged(container) else "not privileged"
@@ -281,6 +291,23 @@ def check_overlay(overlay, flags):
         fail(overlay, f"no CSIDriver {DRIVER}")
 
 
+# The driver's own images (named by the overlays' kustomizations) and the
+# CSI sidecars from registry.k8s.io, each at a release tag: nothing from
+# another registry, nothing unpinned.
+OWN_IMAGE = re.compile(r"localhost/ebs-csi(-helper)?:\d+\.\d+\.\d+$")
+SIDECAR_IMAGE = re.compile(r"registry\.k8s\.io/sig-storage/[a-z-]+:v\d+\.\d+\.\d+$")
+
+
+def check_image(where, container):
+    image = container["image"]
+    if not (OWN_IMAGE.match(image) or SIDECAR_IMAGE.match(image)):
+        fail(where, f"image {image} is neither the driver's nor a registry.k8s.io sidecar at a release tag")
+    # The sidecars deprecate --health-port for --http-endpoint
+    # (kubernetes-csi/livenessprobe, cmd/livenessprobe/main.go).
+    if any(arg.startswith("--health-port") for arg in container.get("args", [])):
+        fail(where, "--health-port is deprecated: use --http-endpoint")
+
+
 def check_examples():
     for path in sorted((DEPLOY / "kubernetes/examples").glob("*.yaml")):
         for obj in yaml.safe_load_all(path.read_text()):
@@ -289,6 +316,74 @@ def check_examples():
             driver = obj.get("provisioner") or obj.get("driverName") or obj.get("driver")
             if obj["kind"].endswith("Class") and driver != DRIVER:
                 fail(where, f"names driver {driver!r}, not {DRIVER}")
+
+
+# IAM ------------------------------------------------------------------
+
+# Volumes the controller meets, by the tags their creator set: the in-tree
+# kubernetes.io/aws-ebs plugin (k8s.io/cloud-provider's
+# CloudVolumeCreatedForClaimNameTag), Go drivers before v1.0.0
+# (CSIVolumeName only), a statically provisioned volume (none), and ours.
+VOLUME_TAGS = {
+    "in-tree": {"kubernetes.io/created-for/pvc/name": "data", "KubernetesCluster": "prod"},
+    "go-driver-0.x": {"CSIVolumeName": "pvc-1"},
+    "static": {},
+    "ebs-csi": {"ebs.csi.aws.com/cluster": "true", "CSIVolumeName": "pvc-2"},
+}
+ACTIONS = ["AttachVolume", "DetachVolume", "ModifyVolume", "DeleteVolume", "CreateTags"]
+# What each policy must allow: the base only what the driver tagged; with
+# the migration policy, attach, detach and modify on every volume (static
+# ones carry no tag a condition could test) and delete or retag only what
+# Kubernetes or a Go driver created.
+OWN = {("ebs-csi", action) for action in ACTIONS}
+ALLOWED = {
+    "iam-policy.json": OWN,
+    "iam-policy-migration.json": OWN
+    | {(kind, action) for kind in VOLUME_TAGS for action in ACTIONS[:3]}
+    | {(kind, action) for kind in ["in-tree", "go-driver-0.x"] for action in ACTIONS[3:]},
+}
+
+
+def listed(value):
+    return value if isinstance(value, list) else [value]
+
+
+def condition_holds(operator, values, tags):
+    # IAM: a key absent from the request context never matches StringEquals
+    # or StringLike; several values match if any does (IAM JSON policy
+    # reference, "Condition operators").
+    for key, expected in values.items():
+        name = key.split("/", 1)[1] if key.startswith(("aws:ResourceTag/", "ec2:ResourceTag/")) else None
+        actual = tags.get(name) if name else None
+        if operator not in ("StringEquals", "StringLike") or actual is None:
+            return False
+        matches = fnmatch.fnmatchcase if operator == "StringLike" else str.__eq__
+        if not any(matches(actual, pattern) for pattern in listed(expected)):
+            return False
+    return True
+
+
+def allows(statements, action, tags):
+    arn = "arn:aws:ec2:us-east-1:111122223333:volume/vol-0123456789abcdef0"
+    return any(
+        s["Effect"] == "Allow"
+        and f"ec2:{action}" in listed(s["Action"])
+        and any(fnmatch.fnmatchcase(arn, r) for r in listed(s["Resource"]))
+        and all(condition_holds(op, values, tags) for op, values in s.get("Condition", {}).items())
+        for s in statements
+    )
+
+
+def check_iam():
+    base = json.loads((DEPLOY / "iam-policy.json").read_text())["Statement"]
+    for name, expected in ALLOWED.items():
+        statements = base if name == "iam-policy.json" else base + json.loads((DEPLOY / name).read_text())["Statement"]
+        for kind, tags in VOLUME_TAGS.items():
+            for action in ACTIONS:
+                allowed = allows(statements, action, tags)
+                if allowed != ((kind, action) in expected):
+                    verb = "allows" if allowed else "denies"
+                    fail(name, f"{verb} {action} on a volume of {kind} (tags {tags})")
 
 
 # Nomad ----------------------------------------------------------------
@@ -410,6 +505,7 @@ def check_all(flags):
     for overlay in OVERLAYS:
         check_overlay(overlay, flags)
     check_examples()
+    check_iam()
     check_nomad(flags)
 
 
@@ -428,6 +524,12 @@ BREAKS = [
     ("kubernetes/base/node.yaml", "              mountPath: /registration\n",
      "              mountPath: /registration\n            - name: node-reader-token\n              mountPath: /t\n",
      "node-driver-registrar mounts a Kubernetes token"),
+    ("kubernetes/base/node.yaml", "image: ebs-csi\n          command: [/usr/bin/ebs-csi-agent, plugin-dir",
+     "image: busybox:1.37\n          command: [/usr/bin/ebs-csi-agent, plugin-dir", "image busybox:1.37 is neither"),
+    ("kubernetes/base/node.yaml", "plugin-dir, --uid=990", "plugin-dir, --owner=990", "--owner=990 is not a flag"),
+    ("kubernetes/base/node.yaml", "[/usr/bin/ebs-csi-agent, plugin-dir,", "[/usr/bin/ebs-csi-agent, chown,",
+     "runs ebs-csi-agent chown"),
+    ("kubernetes/base/controller.yaml", "- --http-endpoint=0.0.0.0:9808", "- --health-port=9808", "deprecated"),
     ("kubernetes/base/controller.yaml", "  replicas: 2", "  replicas: 2\n  paused: maybe", "paused"),
     ("kubernetes/base/controller.yaml", "- --feature-gates=VolumeAttributesClass=true", "- --feature-gates=",
      "csi-resizer: VolumeAttributesClass"),
@@ -448,6 +550,11 @@ BREAKS = [
      "deletionPolicy"),
     ("kubernetes/examples/storageclass.yaml", "provisioner: ebs.csi.aws.com", "provisioner: ebs.csi.aws.org",
      "names driver"),
+    ("iam-policy.json", '"ec2:DetachVolume",\n        "ec2:DeleteVolume"', '"ec2:DetachVolume"', "denies DeleteVolume on a volume of ebs-csi"),
+    ("iam-policy-migration.json", '"ec2:ModifyVolume"]', '"ec2:ModifyVolume", "ec2:DeleteVolume"]',
+     "allows DeleteVolume on a volume of static"),
+    ("iam-policy-migration.json", "kubernetes.io/created-for/pvc/name", "kubernetes.io/created-for/pv/name",
+     "denies DeleteVolume on a volume of in-tree"),
     ("nomad/ebs-csi-controller.nomad.hcl", '"aws-ebs0"', '"aws-ebs1"', "plugin ids differ"),
     ("nomad/ebs-csi-node.nomad.hcl", '"raw_exec"', '"exec"', "raw_exec"),
     ("nomad/ebs-csi-controller.nomad.hcl", '"raw_exec"', '"exec"', "raw_exec"),
@@ -491,6 +598,7 @@ def self_test(flags):
 def main():
     bin_dir = Path(sys.argv[1])
     flags = {b: accepted_flags(bin_dir, b) for b in ("ebs-csi-agent", "ebs-csi-controller", "ebs-csi-helper")}
+    flags["ebs-csi-agent plugin-dir"] = accepted_flags(bin_dir, "ebs-csi-agent", "plugin-dir")
     if sys.argv[2:] == ["--self-test"]:
         self_test(flags)
     else:

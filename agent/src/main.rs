@@ -9,6 +9,7 @@ mod limits;
 mod metadata;
 mod metrics;
 mod node;
+mod plugin_dir;
 mod request;
 mod server;
 mod statistics;
@@ -104,15 +105,34 @@ enum Command {
     Devices,
     /// Print the node's metadata as NodeGetInfo would report it and exit.
     Metadata,
+    /// Make the agent's user the owner of the directory its socket goes in
+    /// (kubelet creates it root's), then exit. Needs CAP_CHOWN.
+    PluginDir {
+        /// The directory; a symlink is refused.
+        path: PathBuf,
+        /// The agent's uid.
+        #[arg(long, default_value_t = 990)]
+        uid: u32,
+        /// The agent's gid.
+        #[arg(long, default_value_t = 990)]
+        gid: u32,
+    },
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     ebs_csi_proto::endpoint::init_logging(args.logging_format);
-    if let Some(Command::Devices) = args.command {
-        print!("{}", devices::table(&devices::list(&args.sys_dir, &args.dev_dir)));
-        return Ok(());
+    match &args.command {
+        Some(Command::Devices) => {
+            print!("{}", devices::table(&devices::list(&args.sys_dir, &args.dev_dir)));
+            return Ok(());
+        }
+        Some(Command::PluginDir { path, uid, gid }) => {
+            return plugin_dir::give(path, *uid, *gid)
+                .with_context(|| format!("giving {} to {uid}:{gid}", path.display()));
+        }
+        _ => {}
     }
     let flags = Found {
         instance_id: args.node_id,

@@ -91,13 +91,16 @@ impl Tool {
     /// `xfs_growfs` needs `CAP_SYS_ADMIN` (XFS_IOC_FSGROWFSDATA), and so
     /// does `mkfs.xfs`, which sets the device's block size (`BLKBSZSET`,
     /// block/ioctl.c `blkdev_bszset`); online `resize2fs` needs
-    /// `CAP_SYS_RESOURCE` (`ext4_resize_begin`); `blkid` and `mkfs.ext*`
-    /// read and write a device the helper opened for them, and need none.
+    /// `CAP_SYS_RESOURCE` (`ext4_resize_begin`); both growers open the
+    /// mounted filesystem's root, whatever its mode, with
+    /// `CAP_DAC_READ_SEARCH`; `blkid` and `mkfs.ext*` read and write a
+    /// device the helper opened for them, and need none.
     pub fn capabilities(self) -> u64 {
         match self {
             Self::Blkid | Self::MkfsExt2 | Self::MkfsExt3 | Self::MkfsExt4 => 0,
-            Self::Resize2fs => Capability::CAP_SYS_RESOURCE.bitmask(),
-            Self::MkfsXfs | Self::XfsGrowfs => Capability::CAP_SYS_ADMIN.bitmask(),
+            Self::Resize2fs => Capability::CAP_SYS_RESOURCE.bitmask() | Capability::CAP_DAC_READ_SEARCH.bitmask(),
+            Self::XfsGrowfs => Capability::CAP_SYS_ADMIN.bitmask() | Capability::CAP_DAC_READ_SEARCH.bitmask(),
+            Self::MkfsXfs => Capability::CAP_SYS_ADMIN.bitmask(),
         }
     }
 
@@ -151,7 +154,7 @@ impl Executor {
                 // tool gets what it needs of what this thread has. The thread
                 // itself uses only CAP_SYS_ADMIN (re-verification); the
                 // others stay permitted, effective only in the child that
-                // needs them (resize2fs).
+                // needs them (resize2fs, xfs_growfs).
                 let permitted = caps::read(None, CapSet::Permitted).unwrap_or_default();
                 let held = permitted.iter().fold(0, |mask, c| mask | c.bitmask());
                 let own: caps::CapsHashSet = permitted.into_iter().filter(|c| *c == harden::SERVING).collect();

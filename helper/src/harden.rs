@@ -10,13 +10,20 @@ use seccompiler::{BpfProgram, TargetArch};
 /// - `CAP_SYS_ADMIN`: `mount(2)`, `umount2(2)`, the NVMe admin ioctl, and
 ///   `xfs_growfs` (XFS_IOC_FSGROWFSDATA);
 /// - `CAP_SYS_RESOURCE`: online ext4 growth by `resize2fs`
-///   (`ext4_resize_begin` checks it).
+///   (`ext4_resize_begin` checks it);
+/// - `CAP_DAC_READ_SEARCH`: `resize2fs` and `xfs_growfs` open the mounted
+///   filesystem's root directory (e2fsprogs resize/online.c, xfsprogs
+///   growfs), which its owner may have made unreadable to others.
 ///
-/// Only the executor threads keep both ([`keep_only_serving`] drops the
-/// second on the serving thread after they start); each tool child sets
+/// Only the executor threads keep all three ([`keep_only_serving`] drops
+/// the last two on the serving thread after they start); each tool child sets
 /// its own to what it needs ([`crate::exec::Tool::capabilities`]) before
 /// it execs, and `no_new_privs` keeps the exec from adding any.
-pub const KEPT: [Capability; 2] = [Capability::CAP_SYS_ADMIN, Capability::CAP_SYS_RESOURCE];
+pub const KEPT: [Capability; 3] = [
+    Capability::CAP_SYS_ADMIN,
+    Capability::CAP_SYS_RESOURCE,
+    Capability::CAP_DAC_READ_SEARCH,
+];
 
 /// What the serving thread and its connection threads keep: mount, umount
 /// and the NVMe admin ioctl need `CAP_SYS_ADMIN`, nothing there needs more.

@@ -93,11 +93,12 @@ fn main() -> anyhow::Result<()> {
         Some(listener) => listener,
         None => bind(&args.socket, args.socket_group)?,
     };
-    // 6. Keep only CAP_SYS_ADMIN and CAP_SYS_RESOURCE; no new privileges.
+    // 6. Keep only CAP_SYS_ADMIN, CAP_SYS_RESOURCE and CAP_DAC_READ_SEARCH
+    //    (harden::KEPT); no new privileges.
     harden::reduce_capabilities().context("reducing capabilities")?;
     harden::forbid_new_privileges().context("setting no_new_privs")?;
     // 7. The executor threads (tools run from them, each with the tools'
-    //    seccomp denylist; the threads keep both capabilities for them),
+    //    seccomp denylist; the threads keep all three capabilities for them),
     //    then only CAP_SYS_ADMIN and the allowlist on the serving thread
     //    and its children.
     let filters = harden::seccomp_filters().context("compiling the seccomp policy")?;

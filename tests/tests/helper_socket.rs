@@ -75,7 +75,7 @@ fn the_helper_runs_with_least_privilege() {
         }
     );
     let pid = helper.process.pid();
-    let (admin, resource): (u64, u64) = (1 << 21, 1 << 24);
+    let (admin, resource, read_search): (u64, u64, u64) = (1 << 21, 1 << 24, 1 << 2);
     let mut executors = 0;
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
         let task = task.unwrap().path();
@@ -91,12 +91,20 @@ fn the_helper_runs_with_least_privilege() {
         };
         let bits = |set: &str| u64::from_str_radix(&field(set), 16).unwrap();
         // The executor threads run the tools outside the filter and keep
-        // CAP_SYS_RESOURCE permitted, not effective, for resize2fs (where the
-        // machine grants it); every other thread serves requests: the filter
-        // and CAP_SYS_ADMIN only. Every thread's effective set is CAP_SYS_ADMIN.
+        // CAP_DAC_READ_SEARCH and CAP_SYS_RESOURCE (where the machine grants
+        // it) permitted, not effective, for resize2fs and xfs_growfs; every
+        // other thread serves requests: the filter and CAP_SYS_ADMIN only.
+        // Every thread's effective set is CAP_SYS_ADMIN.
         let executor = name == "tools" || name == "formatter";
         executors += usize::from(executor);
-        let permitted = if executor { admin | resource } else { admin };
+        let permitted = if executor {
+            admin | resource | read_search
+        } else {
+            admin
+        };
+        if executor {
+            assert_ne!(bits("CapPrm:") & read_search, 0, "{name} lost CAP_DAC_READ_SEARCH");
+        }
         for (set, allowed) in [("CapEff:", admin), ("CapPrm:", permitted)] {
             assert_eq!(
                 bits(set) & !allowed,
@@ -106,7 +114,11 @@ fn the_helper_runs_with_least_privilege() {
             );
             assert_ne!(bits(set) & admin, 0, "{name}: {set} lost CAP_SYS_ADMIN");
         }
-        assert_eq!(bits("CapBnd:") & !(admin | resource), 0, "{name}: bounding set");
+        assert_eq!(
+            bits("CapBnd:") & !(admin | resource | read_search),
+            0,
+            "{name}: bounding set"
+        );
         assert_eq!(bits("CapInh:"), 0);
         assert_eq!(bits("CapAmb:"), 0);
         assert_eq!(field("NoNewPrivs:"), "1");

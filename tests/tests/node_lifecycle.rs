@@ -322,7 +322,8 @@ fn ext4_growth_withheld(err: &tonic::Status) {
 
 /// A volume restored from a snapshot (or cloned) into a larger size holds a
 /// filesystem smaller than its device: NodeStage grows it, like the Go
-/// driver; a grow that fails leaves nothing mounted, so a retry grows it.
+/// driver, even when its root is unreadable to others; a grow that fails
+/// leaves nothing mounted, so a retry grows it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_filesystem_smaller_than_its_volume_is_grown_at_stage() {
     if !require_root() {
@@ -337,6 +338,7 @@ async fn a_filesystem_smaller_than_its_volume_is_grown_at_stage() {
         let cap = mount(fs_type, Mode::SingleNodeWriter);
         node.stage(volume_id, cap.clone()).await.unwrap();
         let before = rustix::fs::statvfs(&node.staging).unwrap();
+        give_root_away(&node.staging);
         node.unstage(volume_id).await.unwrap();
         volume.grow(size_mib * 2);
         if fs_type == "ext4" && !ebs_csi_tests::has_cap_sys_resource() {
@@ -354,6 +356,17 @@ async fn a_filesystem_smaller_than_its_volume_is_grown_at_stage() {
     }
 }
 
+/// Makes a mounted filesystem's root what an application may make it:
+/// owned by another user, mode 0700. The growth tools open that root
+/// (e2fsprogs resize/online.c, xfsprogs growfs): only the helper's
+/// CAP_DAC_READ_SEARCH lets them.
+fn give_root_away(root: &Path) {
+    std::os::unix::fs::chown(root, Some(4242), Some(4242)).unwrap();
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700)).unwrap();
+}
+
+/// NodeExpandVolume grows a published filesystem online, even when its
+/// root is unreadable to others.
 #[tokio::test(flavor = "multi_thread")]
 async fn expand_grows_the_filesystem_online() {
     if !require_root() {
@@ -369,6 +382,7 @@ async fn expand_grows_the_filesystem_online() {
         node.stage(volume_id, cap.clone()).await.unwrap();
         node.publish(volume_id, cap.clone(), false).await.unwrap();
         let before = rustix::fs::statvfs(&node.target).unwrap();
+        give_root_away(&node.staging);
         volume.grow(size_mib * 2);
         let request = NodeExpandVolumeRequest {
             volume_id: volume_id.into(),
