@@ -51,7 +51,7 @@ TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
-.PHONY: all build test demo bench bench-smoke crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean \
+.PHONY: all build test demo bench bench-smoke crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper \
 	install install-files static image image-deps validate-deploy vm vm-deps
 
 all: build
@@ -98,9 +98,26 @@ build:
 ## real helper and agent over loop devices.
 test: deps moto
 	$(CARGO) build --workspace --bins
-	$(MAKE) --no-print-directory vm
-	EBS_CSI_VM_DIR=$(CURDIR)/$(VM_DIR) $(CARGO) test --workspace --no-fail-fast
+	$(MAKE) --no-print-directory vm previous-helper
+	EBS_CSI_VM_DIR=$(CURDIR)/$(VM_DIR) EBS_CSI_PREVIOUS_HELPER=$(PREVIOUS_HELPER) \
+	  $(CARGO) test --workspace --no-fail-fast
 	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy image
+
+## previous-helper: the helper of the previous protocol version (3), built
+## from its commit for tests/tests/helper_upgrade.rs (a rolling upgrade),
+## once: cached by commit outside the clone, with a target directory of its
+## own (the same crates from other sources must not share one).
+PREVIOUS_HELPER_COMMIT := 36c3c9f91dc4454c5fa9deddf38b58eae56e5552
+PREVIOUS_HELPER_DIR := $(abspath $(TARGET_DIR))/previous-helper
+PREVIOUS_HELPER := $(PREVIOUS_HELPER_DIR)/$(PREVIOUS_HELPER_COMMIT)/ebs-csi-helper
+previous-helper:
+	@if [ ! -x $(PREVIOUS_HELPER) ]; then \
+	  src=$$(mktemp -d) && git archive $(PREVIOUS_HELPER_COMMIT) | tar -x -C $$src && \
+	  CARGO_TARGET_DIR=$(PREVIOUS_HELPER_DIR)/target $(CARGO) build --quiet \
+	    --manifest-path $$src/Cargo.toml -p ebs-csi-helper --bin ebs-csi-helper && \
+	  install -D -m 0755 $(PREVIOUS_HELPER_DIR)/target/debug/ebs-csi-helper $(PREVIOUS_HELPER) && \
+	  rm -rf $$src; \
+	fi
 
 ## bench: speed and footprint against baselines measured in the same run
 ## (target/bench/report.md and report.json; docs/performance.md explains them).

@@ -118,8 +118,11 @@ impl NodeMetrics {
                 Err(e) => e.to_string(),
             },
             Ok(other) => format!("unexpected reply {other:?}"),
+            // A helper one protocol version older does not know the request.
             Err(NodeError::Helper(ClientError::Helper(
-                e @ (HelperError::StatisticsUnavailable { .. } | HelperError::DeviceRefused { .. }),
+                e @ (HelperError::StatisticsUnavailable { .. }
+                | HelperError::DeviceRefused { .. }
+                | HelperError::UnsupportedVersion(_)),
             ))) => {
                 tracing::debug!(%volume_id, error = %e, "no performance statistics");
                 return None;

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ebs_csi_helper_proto::{
-    FrameVersion, HelperError, PROTOCOL_VERSION, RequestFrame, Response, decode, read_payload, write_frame,
+    FrameVersion, HelperError, OLDEST_VERSION, PROTOCOL_VERSION, RequestFrame, Response, decode, read_payload,
+    write_frame,
 };
 
 use crate::handler::Handler;
@@ -95,7 +96,7 @@ fn serve_connection(stream: &mut UnixStream, peer_uid: u32, handler: &Handler, i
     let request = read_payload(&mut reader)
         .map_err(|e| HelperError::InvalidRequest(e.to_string()))
         .and_then(|payload| match decode::<FrameVersion>(&payload) {
-            Ok(FrameVersion { version }) if version != PROTOCOL_VERSION => {
+            Ok(FrameVersion { version }) if !(OLDEST_VERSION..=PROTOCOL_VERSION).contains(&version) => {
                 Err(HelperError::UnsupportedVersion(version))
             }
             _ => decode::<RequestFrame>(&payload).map_err(|e| HelperError::InvalidRequest(e.to_string())),

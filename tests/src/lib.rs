@@ -327,8 +327,13 @@ impl Helper {
 
     /// [`Helper::start`] for the sandbox at `dir`.
     pub fn start_in(dir: &Path, extra: &[&str]) -> Self {
+        Self::start_program(&binary("ebs-csi-helper"), dir, extra)
+    }
+
+    /// [`Helper::start_in`] with another build of the helper, `program`.
+    pub fn start_program(program: &Path, dir: &Path, extra: &[&str]) -> Self {
         let socket = dir.join("helper/helper.sock");
-        let mut command = Command::new(binary("ebs-csi-helper"));
+        let mut command = Command::new(program);
         command.args(Self::args(dir, &socket)).args(extra);
         let process = spawn("helper", command, dir.join("helper.log"), &socket);
         Self { socket, process }

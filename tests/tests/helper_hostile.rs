@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use ebs_csi_helper::device::Refusal;
 use ebs_csi_helper::path::SYMLINK;
 use ebs_csi_helper_proto::{
-    ExpandRequest, FsType, HelperClient, HelperError, MAX_FRAME_BYTES, PROTOCOL_VERSION, PublishRequest, PublishSource,
-    Reply, Request, RequestFrame, Response, UnpublishRequest, UnstageRequest, VolumeId, read_frame, write_frame,
+    ExpandRequest, FsType, HelperClient, HelperError, MAX_FRAME_BYTES, OLDEST_VERSION, PROTOCOL_VERSION,
+    PublishRequest, PublishSource, Reply, Request, RequestFrame, Response, UnpublishRequest, UnstageRequest, VolumeId,
+    read_frame, write_frame,
 };
 use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, ebs_csi_mounts, require_root, run_as, stage_request};
 
@@ -315,6 +316,13 @@ fn two_hundred_hostile_requests_change_nothing() {
             map(vec![("version", 0.into()), ("request", "Ping".into())]),
         ),
         (
+            "the version before the oldest",
+            map(vec![
+                ("version", (OLDEST_VERSION - 1).into()),
+                ("request", "Ping".into()),
+            ]),
+        ),
+        (
             "the next version",
             map(vec![
                 ("version", (PROTOCOL_VERSION + 1).into()),
@@ -380,6 +388,7 @@ fn two_hundred_hostile_requests_change_nothing() {
     for (what, bytes) in frames {
         let other_version = match what.as_str() {
             "version 0" => Some(0),
+            "the version before the oldest" => Some(OLDEST_VERSION - 1),
             "the next version" => Some(PROTOCOL_VERSION + 1),
             "version 65535" => Some(u16::MAX),
             _ => None,

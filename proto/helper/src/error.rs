@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 /// variant to exactly one gRPC status code.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum HelperError {
-    /// The frame's version is not [`crate::PROTOCOL_VERSION`].
+    /// The frame's version is outside [`crate::OLDEST_VERSION`]..=
+    /// [`crate::PROTOCOL_VERSION`]: from a newer agent, its request is one
+    /// this helper does not know.
     #[error("protocol version {0} is not supported")]
     UnsupportedVersion(u16),
     /// A field is malformed (frame decode, bad option value, relative path).

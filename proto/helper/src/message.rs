@@ -1,4 +1,5 @@
-//! The requests and replies of protocol version [`PROTOCOL_VERSION`].
+//! The requests and replies of protocol versions [`OLDEST_VERSION`]
+//! through [`PROTOCOL_VERSION`].
 //!
 //! Paths travel as strings: the helper validates them itself against its
 //! allowed roots and never trusts the agent's view of the file system.
@@ -7,33 +8,47 @@ use serde::{Deserialize, Serialize};
 
 use crate::{FormatOptions, HelperError, VolumeId};
 
-/// The protocol version this crate speaks. The helper answers a frame of
-/// any other version with [`HelperError::UnsupportedVersion`].
-pub const PROTOCOL_VERSION: u16 = 3;
+/// The newest protocol version this crate speaks.
+///
+/// A new version only adds requests (with their replies and errors); it
+/// never changes one that exists. A frame carries the version that
+/// introduced its request ([`Request::version`]), and the helper serves
+/// every frame from [`OLDEST_VERSION`] up to its own version. So the agent
+/// and the helper may be upgraded in either order — a node's DaemonSet and
+/// its host package never change at the same moment: an older agent's
+/// frames are all known to a newer helper, and a newer agent's frames are
+/// known to an older helper except for requests added since, which it
+/// answers with [`HelperError::UnsupportedVersion`] naming the version.
+pub const PROTOCOL_VERSION: u16 = 4;
 
-/// What the agent sends: one request tagged with the protocol version.
+/// The oldest frame version the helper serves: version 3, the first under
+/// the rule above (helpers of version 3 accept frames of exactly 3).
+pub const OLDEST_VERSION: u16 = 3;
+
+/// What the agent sends: one request tagged with its protocol version.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RequestFrame {
-    /// Must equal [`PROTOCOL_VERSION`].
+    /// [`Request::version`] of the request; the helper refuses anything
+    /// outside [`OLDEST_VERSION`]..=[`PROTOCOL_VERSION`].
     pub version: u16,
     /// The operation asked for.
     pub request: Request,
 }
 
 impl RequestFrame {
-    /// Wraps `request` in a frame of this crate's version.
+    /// Wraps `request` in a frame of the version that introduced it.
     pub fn new(request: Request) -> Self {
         Self {
-            version: PROTOCOL_VERSION,
+            version: request.version(),
             request,
         }
     }
 }
 
-/// The version field alone, read first so that a frame of another
-/// version is answered with [`HelperError::UnsupportedVersion`] even when
-/// its request does not decode in this version.
+/// The version field alone, read first so that a frame of a version the
+/// helper does not serve is answered with [`HelperError::UnsupportedVersion`]
+/// even when its request does not decode in this version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 pub struct FrameVersion {
     /// The sender's protocol version.
@@ -60,6 +75,23 @@ pub enum Request {
     /// Read a volume's EBS performance statistics log page; changes
     /// nothing.
     PerformanceStatistics(PerformanceStatisticsRequest),
+}
+
+impl Request {
+    /// The protocol version that introduced this request (every request of
+    /// version 3 has 3): a helper of that version or newer serves it.
+    pub fn version(&self) -> u16 {
+        match self {
+            Self::Ping
+            | Self::Stage(_)
+            | Self::Unstage(_)
+            | Self::Publish(_)
+            | Self::Unpublish(_)
+            | Self::Expand(_)
+            | Self::VolumeStats(_) => 3,
+            Self::PerformanceStatistics(_) => 4,
+        }
+    }
 }
 
 /// Filesystems the helper can create and mount.
@@ -277,10 +309,10 @@ mod tests {
         bytes
     }
 
-    /// A frame of this version around `request`.
+    /// A frame of the oldest version around `request`.
     fn frame(request: Value) -> Value {
         Value::Map(vec![
-            (Value::from("version"), Value::from(PROTOCOL_VERSION)),
+            (Value::from("version"), Value::from(OLDEST_VERSION)),
             (Value::from("request"), request),
         ])
     }
@@ -345,21 +377,37 @@ mod tests {
         }
     }
 
-    /// The fuzzer's seeds (`fuzz/seeds/request`) are well-formed frames of
-    /// this version, one per request kind, so fuzzing starts from requests
-    /// the helper accepts.
+    /// A frame carries the version that introduced its request: 3 for
+    /// every request a version-3 helper knows, so that it serves them.
     #[test]
-    fn the_fuzz_seeds_are_requests_of_this_version() {
+    fn a_frame_carries_its_requests_version() {
+        let statistics = Request::PerformanceStatistics(PerformanceStatisticsRequest {
+            volume_id: VolumeId::parse("vol-0aaaaaaaaaaaaaaa1").unwrap(),
+            device: "/dev/nvme1n1".into(),
+        });
+        assert_eq!(RequestFrame::new(statistics).version, 4);
+        assert_eq!(RequestFrame::new(Request::Ping).version, OLDEST_VERSION);
+        let unstage = Request::Unstage(UnstageRequest {
+            staging_path: "/var/lib/kubelet/x".into(),
+        });
+        assert_eq!(RequestFrame::new(unstage).version, OLDEST_VERSION);
+    }
+
+    /// The fuzzer's seeds (`fuzz/seeds/request`) are well-formed frames,
+    /// one per request kind, each of its request's version, so fuzzing
+    /// starts from requests the helper accepts.
+    #[test]
+    fn the_fuzz_seeds_are_requests_the_helper_serves() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/request");
         let mut kinds = Vec::new();
         for entry in std::fs::read_dir(&dir).unwrap() {
             let bytes = std::fs::read(entry.unwrap().path()).unwrap();
             let frame: RequestFrame = crate::read_frame(&mut bytes.as_slice()).unwrap();
-            assert_eq!(frame.version, PROTOCOL_VERSION);
+            assert_eq!(frame.version, frame.request.version(), "{:?}", frame.request);
             kinds.push(std::mem::discriminant(&frame.request));
         }
         kinds.sort_by_key(|k| format!("{k:?}"));
         kinds.dedup();
-        assert_eq!(kinds.len(), 7, "a seed for each request kind");
+        assert_eq!(kinds.len(), 8, "a seed for each request kind");
     }
 }

@@ -1,0 +1,87 @@
+//! A rolling upgrade: the agent of this version against the helper of the
+//! previous protocol version (3), built from its commit by `make
+//! previous-helper` (`make test` sets `EBS_CSI_PREVIOUS_HELPER`). The other
+//! order — an older agent against this helper — is every other helper test:
+//! frames of version 3 are what both agents send for those requests.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+
+use ebs_csi_helper_proto::{
+    ClientError, FsType, HelperError, OLDEST_VERSION, PerformanceStatisticsRequest, PublishRequest, PublishSource,
+    Reply, Request, UnpublishRequest, UnstageRequest, VolumeId, VolumeStatsRequest, VolumeUsage,
+};
+use ebs_csi_tests::loopdev::LoopVolume;
+use ebs_csi_tests::{Helper, Sandbox, require_root, stage_request};
+
+const VOLUME: &str = "vol-0aaaaaaaaaaaaaaa1";
+
+#[test]
+fn this_agent_is_served_by_the_previous_helper() {
+    if !require_root() {
+        return;
+    }
+    let Some(previous) = std::env::var_os("EBS_CSI_PREVIOUS_HELPER").map(PathBuf::from) else {
+        return eprintln!("skipped: EBS_CSI_PREVIOUS_HELPER is not set (`make test` sets it)");
+    };
+    let sandbox = Sandbox::new();
+    let helper = Helper::start_program(&previous, sandbox.path(), &[]);
+    assert_eq!(
+        helper.call(Request::Ping).unwrap(),
+        Reply::Pong {
+            version: OLDEST_VERSION
+        }
+    );
+    let volume = LoopVolume::create(sandbox.path(), VOLUME, 64);
+    let staging = sandbox.mkdir("kubelet/staging");
+    let target = sandbox.path().join("kubelet/target");
+    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    let device = path(&volume.device);
+    let volume_id = || VolumeId::parse(VOLUME).unwrap();
+
+    // Every request of version 3, as this agent sends it.
+    let stage = stage_request(VOLUME, &volume.device, &staging, FsType::Ext4, &[]);
+    assert_eq!(helper.call(stage).unwrap(), Reply::Done);
+    let publish = Request::Publish(PublishRequest {
+        target_path: path(&target),
+        readonly: false,
+        source: PublishSource::Staging {
+            volume_id: volume_id(),
+            device: device.clone(),
+            staging_path: path(&staging),
+            mount_flags: vec![],
+        },
+    });
+    assert_eq!(helper.call(publish).unwrap(), Reply::Done);
+    let stats = Request::VolumeStats(VolumeStatsRequest {
+        volume_id: volume_id(),
+        volume_path: path(&target),
+    });
+    assert!(matches!(
+        helper.call(stats).unwrap(),
+        Reply::VolumeStats(VolumeUsage::Filesystem { total_bytes, .. }) if total_bytes > 0
+    ));
+
+    // A request added since: refused whole, naming the version, nothing done.
+    let statistics = Request::PerformanceStatistics(PerformanceStatisticsRequest {
+        volume_id: volume_id(),
+        device,
+    });
+    let refused = helper.call(statistics).unwrap_err();
+    assert!(
+        matches!(refused, ClientError::Helper(HelperError::UnsupportedVersion(4))),
+        "{refused:?}"
+    );
+
+    let unpublish = Request::Unpublish(UnpublishRequest {
+        target_path: path(&target),
+    });
+    assert_eq!(helper.call(unpublish).unwrap(), Reply::Done);
+    let unstage = Request::Unstage(UnstageRequest {
+        staging_path: path(&staging),
+    });
+    assert_eq!(helper.call(unstage).unwrap(), Reply::Done);
+    assert!(!target.exists());
+    assert_eq!(volume.signature(), "TYPE=ext4");
+}
