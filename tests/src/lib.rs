@@ -21,6 +21,7 @@ use tonic::transport::{Channel, Endpoint};
 pub mod attach_sim;
 pub mod bench;
 pub mod children;
+pub mod exec_gate;
 pub mod guest;
 pub mod lifecycle;
 pub mod loopdev;

@@ -21,7 +21,8 @@ use ebs_csi_helper_proto::{
     ClientError, ExpandRequest, FsType, HelperError, PROTOCOL_VERSION, PublishRequest, PublishSource, Reply, Request,
     Response, UnpublishRequest, UnstageRequest, VolumeId, read_frame, write_frame,
 };
-use ebs_csi_tests::children::{exited, first_child_named};
+use ebs_csi_tests::children::exited;
+use ebs_csi_tests::exec_gate::{ExecGate, MKFS};
 use ebs_csi_tests::loopdev::run;
 use ebs_csi_tests::{
     AGENT_UID, Helper, LoopVolume, Sandbox, binary, ebs_csi_mounts, is_mounted, mounts_under, require_root, run_as,
@@ -270,11 +271,10 @@ fn a_device_renamed_while_its_format_waits_is_never_formatted() {
         stage("vol-0ccccccccccccccc3", &blocker.device, &sandbox.mkdir("kubelet/c")),
         stage(A, &a.device, &sandbox.mkdir("kubelet/a")),
     );
+    let gate = ExecGate::watch(helper.process.pid(), &MKFS);
     std::thread::scope(|scope| {
         let first = scope.spawn(|| helper.call(stage_blocker));
-        let mkfs = first_child_named(helper.process.pid(), "mkfs", Duration::from_secs(20));
-        let mkfs = Pid::from_raw(i32::try_from(mkfs).unwrap()).unwrap();
-        kill_process(mkfs, Signal::STOP).unwrap();
+        let mkfs = Pid::from_raw(i32::try_from(gate.caught(Duration::from_secs(20))).unwrap()).unwrap();
         let queued = scope.spawn(|| helper.call(stage_a));
         // The queued Stage has passed its checks once it waits for the
         // formatter: its device is claimed, which an Expand (harmless
@@ -602,10 +602,10 @@ fn a_tool_past_its_time_limit_is_killed() {
     let helper = Helper::start(&sandbox, &["--tool-timeout-seconds", "1"]);
     let volume = LoopVolume::create(sandbox.path(), A, 512);
     let staging = sandbox.mkdir("kubelet/staging");
+    let gate = ExecGate::watch(helper.process.pid(), &MKFS);
     let (result, mkfs) = std::thread::scope(|scope| {
         let call = scope.spawn(|| helper.call(stage(A, &volume.device, &staging)));
-        let mkfs = first_child_named(helper.process.pid(), "mkfs", Duration::from_secs(20));
-        kill_process(Pid::from_raw(i32::try_from(mkfs).unwrap()).unwrap(), Signal::STOP).unwrap();
+        let mkfs = gate.caught(Duration::from_secs(20));
         (call.join().unwrap(), mkfs)
     });
     let expected = HelperError::ToolFailed {

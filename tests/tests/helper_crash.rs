@@ -21,7 +21,8 @@ use ebs_csi_helper_proto::{
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use ebs_csi_proto::v1::{NodeStageVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability};
-use ebs_csi_tests::children::{exited, first_child_named};
+use ebs_csi_tests::children::exited;
+use ebs_csi_tests::exec_gate::{ExecGate, MKFS, XFS_GROWFS};
 use ebs_csi_tests::loopdev::run;
 use ebs_csi_tests::{
     AGENT_UID, Agent, Helper, LoopVolume, Sandbox, is_mounted, mounts_under, require_root, run_as, stage_request,
@@ -107,11 +108,11 @@ fn crash_at(step: Step) {
     let marker = staging.join("written-before-the-crash");
     let helper = match step {
         Step::DuringMkfs | Step::AfterMkfs => {
+            let gate = ExecGate::watch(helper.process.pid(), &MKFS);
             let call = in_background(&helper, stage.clone());
-            let mkfs = first_child_named(helper.process.pid(), "mkfs", Duration::from_secs(20));
-            if matches!(step, Step::DuringMkfs) {
-                signal(mkfs, Signal::STOP);
-            } else {
+            let mkfs = gate.caught(Duration::from_secs(20));
+            if matches!(step, Step::AfterMkfs) {
+                signal(mkfs, Signal::CONT);
                 wait_until("mkfs to exit", Duration::from_secs(20), || exited(mkfs));
             }
             crash(helper, Some(mkfs));
@@ -128,9 +129,9 @@ fn crash_at(step: Step) {
                 device: volume.device.to_string_lossy().into_owned(),
                 volume_path: staging.to_string_lossy().into_owned(),
             });
+            let gate = ExecGate::watch(helper.process.pid(), &XFS_GROWFS);
             let call = in_background(&helper, expand.clone());
-            let growfs = first_child_named(helper.process.pid(), "xfs_growfs", Duration::from_secs(20));
-            signal(growfs, Signal::STOP);
+            let growfs = gate.caught(Duration::from_secs(20));
             crash(helper, Some(growfs));
             let _ = call.join().unwrap();
             let helper = Helper::start(&sandbox, &[]);
@@ -239,15 +240,12 @@ async fn an_agent_killed_mid_stage_leaves_a_retry_that_works() {
         };
         let agent = Agent::start(&sandbox, &helper);
         let mut client = agent.node().await;
+        let gate = ExecGate::watch(helper.process.pid(), &MKFS);
         let first = tokio::spawn({
             let request = request.clone();
             async move { client.node_stage_volume(request).await }
         });
-        let helper_pid = helper.process.pid();
-        let mkfs = tokio::task::spawn_blocking(move || first_child_named(helper_pid, "mkfs", Duration::from_secs(20)))
-            .await
-            .unwrap();
-        signal(mkfs, Signal::STOP);
+        let mkfs = tokio::task::block_in_place(|| gate.caught(Duration::from_secs(20)));
         signal(agent.process.pid(), Signal::KILL);
         drop(agent);
         assert!(first.await.unwrap().is_err(), "the killed agent answered");

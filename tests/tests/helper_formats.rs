@@ -10,7 +10,8 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use ebs_csi_helper_proto::{ClientError, FsType, HelperError, PublishRequest, PublishSource, Reply, Request, VolumeId};
-use ebs_csi_tests::children::{children_named, first_child_named};
+use ebs_csi_tests::children::children_named;
+use ebs_csi_tests::exec_gate::{ExecGate, MKFS};
 use ebs_csi_tests::{Helper, LoopVolume, Sandbox, is_mounted, require_root, stage_request};
 use rustix::process::{Pid, Signal, kill_process};
 
@@ -94,14 +95,14 @@ fn a_device_being_formatted_is_refused_until_its_format_ends() {
     let helper = Helper::start(&sandbox, &["--max-parallel-formats", "1"]);
     let volume = LoopVolume::create(sandbox.path(), &volume_id(1), 4096);
     let request = stage(&sandbox, &volume, FsType::Ext4);
+    let gate = ExecGate::watch(helper.process.pid(), &MKFS);
     std::thread::scope(|scope| {
         let first = scope.spawn(|| helper.call(request.clone()));
-        // Freeze the format as soon as it starts: while it is stopped the
-        // device stays claimed, whatever the machine's speed.
-        let mkfs = first_child_named(helper.process.pid(), "mkfs", Duration::from_secs(20));
+        // Freeze the format as it starts: while it is stopped the device
+        // stays claimed, whatever the machine's speed.
+        let mkfs = gate.caught(Duration::from_secs(20));
         let status_file = format!("/proc/{mkfs}/status");
         let mkfs = Pid::from_raw(i32::try_from(mkfs).unwrap()).unwrap();
-        kill_process(mkfs, Signal::STOP).unwrap();
         let status = std::fs::read_to_string(status_file).unwrap();
         for set in ["CapEff:", "CapPrm:", "CapInh:", "CapAmb:"] {
             let bits = status.lines().find_map(|l| l.strip_prefix(set)).unwrap().trim();

@@ -107,7 +107,10 @@ async fn units_run_sandboxed() {
     );
     let expected = [
         ("NoNewPrivileges", "yes"),
-        ("CapabilityBoundingSet", "cap_sys_admin cap_sys_resource"),
+        (
+            "CapabilityBoundingSet",
+            "cap_dac_read_search cap_sys_admin cap_sys_resource",
+        ),
         ("AmbientCapabilities", ""),
         ("PrivateMounts", "no"),
         ("PrivateNetwork", "yes"),
