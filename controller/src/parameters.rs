@@ -16,7 +16,10 @@ const FS_TYPE: &str = "csi.storage.k8s.io/fstype";
 const DEPRECATED_FS_TYPE: &str = "fstype";
 /// The Go driver's deprecated io2 Block Express switch (lowercased).
 const DEPRECATED_BLOCK_EXPRESS: &str = "blockexpress";
-/// Keys the external-provisioner adds with `--extra-create-metadata`.
+/// The Go driver's deprecated spelling of `type` in a VolumeAttributesClass.
+const DEPRECATED_VOLUME_TYPE: &str = "volumetype";
+/// Keys the external-provisioner adds with `--extra-create-metadata`, and
+/// the external-resizer with `--extra-modify-metadata`.
 const PVC_NAME: &str = "csi.storage.k8s.io/pvc/name";
 const PVC_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
 const PV_NAME: &str = "csi.storage.k8s.io/pv/name";
@@ -42,6 +45,10 @@ pub struct VolumeParameters {
     pub encrypted: bool,
     /// `kmsKeyId`.
     pub kms_key_id: Option<String>,
+    /// `volumeInitializationRate`: MiB/s at which a volume restored from a
+    /// snapshot is initialized, 100–300 (EC2 API Reference, CreateVolume,
+    /// `VolumeInitializationRate`).
+    pub initialization_rate: Option<i32>,
     /// `csi.storage.k8s.io/fstype`, validated.
     pub fs_type: Option<FsType>,
     /// `blockSize`, `inodeSize`, … validated against the fstype.
@@ -56,14 +63,7 @@ pub struct VolumeParameters {
 /// INVALID_ARGUMENT naming the key for an unknown key or a bad value.
 pub fn volume(parameters: &HashMap<String, String>) -> Result<VolumeParameters, ControllerError> {
     let lower: HashMap<String, &String> = parameters.iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
-    let fields = HashMap::from([
-        ("PVCName", lower.get(PVC_NAME).map(|v| (*v).clone()).unwrap_or_default()),
-        (
-            "PVCNamespace",
-            lower.get(PVC_NAMESPACE).map(|v| (*v).clone()).unwrap_or_default(),
-        ),
-        ("PVName", lower.get(PV_NAME).map(|v| (*v).clone()).unwrap_or_default()),
-    ]);
+    let fields = volume_fields(&lower);
     let mut p = VolumeParameters::default();
     for (key, value) in &lower {
         match key.as_str() {
@@ -74,6 +74,7 @@ pub fn volume(parameters: &HashMap<String, String>) -> Result<VolumeParameters, 
             "throughput" => p.throughput = Some(number(key, value)?),
             "encrypted" => p.encrypted = boolean(key, value)?,
             "kmskeyid" => p.kms_key_id = Some((*value).clone()),
+            "volumeinitializationrate" => p.initialization_rate = Some(initialization_rate(key, value)?),
             FS_TYPE => p.fs_type = Some(fs_type(value)?),
             // Deprecated keys the Go driver still takes.
             DEPRECATED_FS_TYPE => {
@@ -177,25 +178,47 @@ pub struct Mutation {
     pub delete_tags: Vec<String>,
 }
 
-/// Parses ControllerModifyVolume's `mutable_parameters`.
+/// The template fields of a volume's tag specifications, from the
+/// sidecars' metadata keys (empty where a key is absent).
+fn volume_fields(lower: &HashMap<String, &String>) -> HashMap<&'static str, String> {
+    let field = |key: &str| lower.get(key).map(|v| (*v).clone()).unwrap_or_default();
+    HashMap::from([
+        ("PVCName", field(PVC_NAME)),
+        ("PVCNamespace", field(PVC_NAMESPACE)),
+        ("PVName", field(PV_NAME)),
+    ])
+}
+
+/// Parses ControllerModifyVolume's `mutable_parameters`: the Go driver's
+/// VolumeAttributesClass keys, tag templates filled from the keys the
+/// external-resizer adds with `--extra-modify-metadata`.
 ///
 /// # Errors
 /// INVALID_ARGUMENT for an unknown key or a bad value.
 pub fn mutation(parameters: &HashMap<String, String>) -> Result<Mutation, ControllerError> {
+    let lower: HashMap<String, &String> = parameters.iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
+    let fields = volume_fields(&lower);
     let mut m = Mutation::default();
-    for (key, value) in parameters {
-        match key.to_ascii_lowercase().as_str() {
+    for (key, value) in &lower {
+        match key.as_str() {
             "type" => m.volume_type = Some(value.to_ascii_lowercase()),
+            DEPRECATED_VOLUME_TYPE => {
+                tracing::warn!("VolumeAttributesClass parameter volumeType is deprecated: use type");
+                if !lower.contains_key("type") {
+                    m.volume_type = Some(value.to_ascii_lowercase());
+                }
+            }
+            PVC_NAME | PVC_NAMESPACE | PV_NAME => {}
             "iops" => m.iops = Some(number(key, value)?),
             "iopspergb" => m.iops_per_gib = Some(number(key, value)?),
             "throughput" => m.throughput = Some(number(key, value)?),
             k if k.starts_with(tags::SPECIFICATION_PREFIX) => {
-                let (tag, tag_value) = tags::parse_specification(value, &HashMap::new())?;
+                let (tag, tag_value) = tags::parse_specification(value, &fields)?;
                 m.add_tags.insert(tag, tag_value);
             }
             k if k.starts_with(tags::DELETION_PREFIX) => {
                 tags::check_key(value)?;
-                m.delete_tags.push(value.clone());
+                m.delete_tags.push((*value).clone());
             }
             k => return Err(unknown(k)),
         }
@@ -220,6 +243,22 @@ fn number(key: &str, value: &str) -> Result<i32, ControllerError> {
         .ok()
         .filter(|n| *n > 0)
         .ok_or_else(|| ControllerError::InvalidArgument(format!("{key}={value:?} is not a positive number")))
+}
+
+/// EC2's valid range for `VolumeInitializationRate`, MiB/s (EC2 API
+/// Reference, CreateVolume).
+const INITIALIZATION_RATES: std::ops::RangeInclusive<i32> = 100..=300;
+
+fn initialization_rate(key: &str, value: &str) -> Result<i32, ControllerError> {
+    let rate = number(key, value)?;
+    if !INITIALIZATION_RATES.contains(&rate) {
+        return Err(ControllerError::InvalidArgument(format!(
+            "{key}={rate} is outside EC2's {}–{} MiB/s",
+            INITIALIZATION_RATES.start(),
+            INITIALIZATION_RATES.end()
+        )));
+    }
+    Ok(rate)
 }
 
 fn boolean(key: &str, value: &str) -> Result<bool, ControllerError> {
@@ -343,5 +382,22 @@ mod tests {
         assert_eq!((m.volume_type.as_deref(), m.iops), (Some("io2"), Some(4000)));
         assert_eq!(m.delete_tags, vec!["team".to_owned()]);
         assert!(mutation(&map(&[("encrypted", "true")])).is_err());
+        // The Go driver's deprecated volumeType, and templates filled from
+        // the external-resizer's --extra-modify-metadata keys.
+        let m = mutation(&map(&[
+            ("volumeType", "io1"),
+            (
+                "tagSpecification_1",
+                "owner={{ .PVCNamespace }}/{{ .PVCName }} on {{ .PVName }}",
+            ),
+            ("csi.storage.k8s.io/pvc/name", "data"),
+            ("csi.storage.k8s.io/pvc/namespace", "shop"),
+            ("csi.storage.k8s.io/pv/name", "pvc-1"),
+        ]))
+        .unwrap();
+        assert_eq!(m.volume_type.as_deref(), Some("io1"));
+        assert_eq!(m.add_tags.get("owner").map(String::as_str), Some("shop/data on pvc-1"));
+        let both = mutation(&map(&[("type", "gp3"), ("volumeType", "io1")])).unwrap();
+        assert_eq!(both.volume_type.as_deref(), Some("gp3"), "type wins over volumeType");
     }
 }

@@ -15,6 +15,13 @@ pub const SNAPSHOT_NAME: &str = "CSIVolumeSnapshotName";
 pub const CLUSTER: &str = "ebs.csi.aws.com/cluster";
 /// Prefix of the per-cluster ownership tag (`…/<id>=owned`).
 pub const CLUSTER_ID_PREFIX: &str = "kubernetes.io/cluster/";
+/// Holds the `--k8s-tag-cluster-id`; AWS's cluster-scoped IAM policy for
+/// the Go driver (AmazonEBSCSIDriverEKSClusterScopedPolicy) is keyed on it.
+pub const CLUSTER_NAME: &str = "ebs.csi.aws.com/cluster-name";
+/// Holds the `--k8s-tag-cluster-id` too, as the in-tree provider wrote it.
+pub const KUBERNETES_CLUSTER: &str = "KubernetesCluster";
+/// The console's name of a resource: `<cluster id>-dynamic-<CSI name>`.
+pub const NAME: &str = "Name";
 /// Prefix of the PVC/PV provenance tags (`…/pvc/name`, …).
 pub const CREATED_FOR_PREFIX: &str = "kubernetes.io/created-for/";
 
@@ -30,7 +37,7 @@ pub const DELETION_PREFIX: &str = "tagdeletion_";
 /// # Errors
 /// INVALID_ARGUMENT naming the key.
 pub fn check_key(key: &str) -> Result<(), ControllerError> {
-    let reserved = [VOLUME_NAME, SNAPSHOT_NAME, CLUSTER].contains(&key)
+    let reserved = [VOLUME_NAME, SNAPSHOT_NAME, CLUSTER, CLUSTER_NAME].contains(&key)
         || [CLUSTER_ID_PREFIX, CREATED_FOR_PREFIX, "aws:"]
             .iter()
             .any(|p| key.starts_with(p));
@@ -79,13 +86,21 @@ fn expand(text: &str, fields: &HashMap<&str, String>) -> Result<String, Controll
     Ok(out)
 }
 
-/// The tags of every resource the driver creates: the cluster marker, the
-/// per-cluster ownership tag, and `--extra-tags`.
-pub fn common(cluster_id: Option<&str>, extra: &Tags) -> Tags {
+/// The tags of every resource the driver creates, named `name` (the CSI
+/// volume or snapshot name): the cluster marker, `--extra-tags`, and with
+/// `--k8s-tag-cluster-id` the four tags the Go driver adds for it
+/// (`kubernetes.io/cluster/<id>=owned`, `Name=<id>-dynamic-<name>`,
+/// `KubernetesCluster=<id>`, `ebs.csi.aws.com/cluster-name=<id>`;
+/// aws-ebs-csi-driver pkg/driver/controller.go, CreateVolume and
+/// CreateSnapshot).
+pub fn common(cluster_id: Option<&str>, name: &str, extra: &Tags) -> Tags {
     let mut tags = extra.clone();
     tags.insert(CLUSTER.to_owned(), "true".to_owned());
     if let Some(id) = cluster_id {
         tags.insert(format!("{CLUSTER_ID_PREFIX}{id}"), "owned".to_owned());
+        tags.insert(NAME.to_owned(), format!("{id}-dynamic-{name}"));
+        tags.insert(KUBERNETES_CLUSTER.to_owned(), id.to_owned());
+        tags.insert(CLUSTER_NAME.to_owned(), id.to_owned());
     }
     tags
 }
@@ -138,14 +153,27 @@ mod tests {
     #[test]
     fn builds_common_tags() {
         let extra = parse_extra("team=storage, env=prod").unwrap();
-        let tags = common(Some("prod-1"), &extra);
-        assert_eq!(tags.get("ebs.csi.aws.com/cluster").map(String::as_str), Some("true"));
+        let tags = common(Some("prod-1"), "pvc-1", &extra);
+        let expected: Tags = [
+            ("ebs.csi.aws.com/cluster", "true"),
+            ("kubernetes.io/cluster/prod-1", "owned"),
+            ("Name", "prod-1-dynamic-pvc-1"),
+            ("KubernetesCluster", "prod-1"),
+            ("ebs.csi.aws.com/cluster-name", "prod-1"),
+            ("team", "storage"),
+            ("env", "prod"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        assert_eq!(tags, expected);
         assert_eq!(
-            tags.get("kubernetes.io/cluster/prod-1").map(String::as_str),
-            Some("owned")
+            common(None, "pvc-1", &Tags::new()).len(),
+            1,
+            "no cluster id: the marker alone"
         );
-        assert_eq!(tags.get("env").map(String::as_str), Some("prod"));
         assert!(parse_extra("broken").is_err());
         assert!(parse_extra("CSIVolumeName=x").is_err());
+        assert!(parse_extra("ebs.csi.aws.com/cluster-name=other").is_err());
     }
 }

@@ -1,8 +1,10 @@
-//! EBS volume types and their documented limits (Amazon EBS User Guide,
-//! "Amazon EBS volume types"; gp3 and io2 Block Express as generally
-//! available in 2024). Requests are checked against these before EC2 is
-//! called, so a bad StorageClass fails fast with a message that names the
-//! limit.
+//! EBS volume types and their documented limits: sizes, IOPS and
+//! throughput from the EC2 API Reference, CreateVolume (as in aws-sdk-ec2
+//! 1.274: gp3 up to 64 TiB, 80,000 IOPS and 2,000 MiB/s), ratios from the
+//! Amazon EBS User Guide, "Amazon EBS volume types". Sizes and throughput
+//! are checked before EC2 is called, so a bad StorageClass fails fast with a
+//! message that names the limit; IOPS above a maximum are capped, as the Go
+//! driver caps them.
 
 use crate::error::ControllerError;
 
@@ -54,14 +56,14 @@ const TYPES: [VolumeType; 7] = [
     VolumeType {
         name: "gp3",
         min_gib: 1,
-        max_gib: 16_384,
+        max_gib: 65_536,
         iops: Some(IopsLimits {
             min: 3_000,
-            max: 16_000,
+            max: 80_000,
             per_gib: 500,
             required: false,
         }),
-        throughput: Some((125, 1_000)),
+        throughput: Some((125, 2_000)),
         multi_attach: false,
     },
     VolumeType {
@@ -147,14 +149,17 @@ impl VolumeType {
     }
 
     /// The IOPS to provision for `size_gib`: `iops` if given, else
-    /// `iops_per_gib × size` capped at the type's maximum and, with
-    /// `allow_increase`, raised to its minimum (the Go driver's
-    /// `iopsPerGB` and `allowAutoIOPSPerGBIncrease`), else the type's
-    /// default (none).
+    /// `iops`, or `iops_per_gib × size`, as the Go driver's `capIOPS`
+    /// makes it (pkg/cloud/cloud.go): raised to the type's minimum with
+    /// `allow_increase` (`allowAutoIOPSPerGBIncrease`), capped at its
+    /// maximum, then at its IOPS per GiB when that still leaves the
+    /// minimum; without either key the type's default (none).
     ///
     /// # Errors
-    /// INVALID_ARGUMENT naming the limit that is broken, or when IOPS are
-    /// given for a type without them or missing for io1/io2.
+    /// INVALID_ARGUMENT when the result is below the minimum or, for a
+    /// volume too small for the minimum, above the IOPS per GiB (EC2 would
+    /// refuse both), or when IOPS are given for a type without them or
+    /// missing for io1/io2.
     pub fn resolve_iops(
         &self,
         size_gib: i32,
@@ -170,29 +175,42 @@ impl VolumeType {
                 Ok(None)
             };
         };
-        let iops = match (iops, iops_per_gib) {
+        let requested = match (iops, iops_per_gib) {
             (Some(iops), _) => iops,
-            (None, Some(per_gib)) => {
-                let wanted = per_gib.saturating_mul(size_gib).min(limits.max);
-                if wanted < limits.min && allow_increase {
-                    limits.min
-                } else {
-                    wanted
-                }
-            }
+            (None, Some(per_gib)) => per_gib.saturating_mul(size_gib),
             (None, None) if limits.required => return invalid(format!("{} volumes need iops or iopsPerGB", self.name)),
             (None, None) => return Ok(None),
         };
-        if iops < limits.min || iops > limits.max {
+        let mut iops = requested;
+        if iops < limits.min && allow_increase {
+            iops = limits.min;
+        }
+        iops = iops.min(limits.max);
+        let by_size = limits.per_gib.saturating_mul(size_gib);
+        if iops > by_size && by_size >= limits.min {
+            iops = by_size;
+        }
+        if iops != requested {
+            tracing::info!(
+                requested,
+                iops,
+                size_gib,
+                volume_type = self.name,
+                "IOPS adjusted to the type's limits"
+            );
+        }
+        if iops < limits.min {
             return invalid(format!(
-                "{} volumes take {}–{} IOPS, not {iops}",
-                self.name, limits.min, limits.max
+                "{} volumes take at least {} IOPS, not {iops}",
+                self.name, limits.min
             ));
         }
-        if i64::from(iops) > i64::from(limits.per_gib) * i64::from(size_gib) {
+        // The minimum is allowed at any size (a 1 GiB gp3 volume has 3,000).
+        let allowed = by_size.max(limits.min);
+        if iops > allowed {
             return invalid(format!(
-                "{iops} IOPS exceed {} IOPS per GiB for a {size_gib} GiB {} volume",
-                limits.per_gib, self.name
+                "{iops} IOPS exceed the {allowed} a {size_gib} GiB {} volume takes ({} IOPS per GiB, at least {})",
+                self.name, limits.per_gib, limits.min
             ));
         }
         Ok(Some(iops))
@@ -251,19 +269,36 @@ mod tests {
             Some(64_000),
             "capped at the maximum"
         );
-        assert!(
-            io1.resolve_iops(4, None, Some(10), false).is_err(),
+        assert_eq!(
+            io1.resolve_iops(4, None, Some(10), false).unwrap_err().to_string(),
+            "io1 volumes take at least 100 IOPS, not 40",
             "40 < 100 without auto increase"
         );
         assert_eq!(io1.resolve_iops(4, None, Some(10), true).unwrap(), Some(100));
         assert!(io1.resolve_iops(10, None, None, false).is_err(), "io1 needs IOPS");
-        assert!(
-            io1.resolve_iops(10, Some(1_000), None, false).is_err(),
-            "50 IOPS/GiB at most"
+        assert_eq!(
+            io1.resolve_iops(10, Some(1_000), None, false).unwrap(),
+            Some(500),
+            "capped at 50 IOPS per GiB"
+        );
+        assert_eq!(
+            io1.resolve_iops(2_000, Some(70_000), None, false).unwrap(),
+            Some(64_000),
+            "capped at the maximum"
         );
         let gp3 = lookup("gp3").unwrap();
         assert_eq!(gp3.resolve_iops(10, None, None, false).unwrap(), None);
-        assert!(gp3.resolve_iops(100, Some(20_000), None, false).is_err());
+        assert_eq!(gp3.resolve_iops(100, Some(20_000), None, false).unwrap(), Some(20_000));
+        assert_eq!(
+            gp3.resolve_iops(1_000, Some(90_000), None, false).unwrap(),
+            Some(80_000)
+        );
+        assert_eq!(gp3.resolve_iops(1, Some(3_000), None, false).unwrap(), Some(3_000));
+        assert_eq!(
+            gp3.resolve_iops(5, Some(4_000), None, false).unwrap_err().to_string(),
+            "4000 IOPS exceed the 3000 a 5 GiB gp3 volume takes (500 IOPS per GiB, at least 3000)",
+            "too small to take more than the minimum: EC2 would refuse"
+        );
         assert!(
             lookup("gp2")
                 .unwrap()

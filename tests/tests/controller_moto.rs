@@ -160,6 +160,9 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
         ("CSIVolumeName", "pvc-a"),
         ("ebs.csi.aws.com/cluster", "true"),
         ("kubernetes.io/cluster/test-cluster", "owned"),
+        ("Name", "test-cluster-dynamic-pvc-a"),
+        ("KubernetesCluster", "test-cluster"),
+        ("ebs.csi.aws.com/cluster-name", "test-cluster"),
         ("team", "storage"),
         ("app", "shop"),
     ] {
@@ -296,7 +299,7 @@ async fn invalid_requests_are_refused_before_ec2_is_called() {
         ),
         (create_request("x", 1, &[("color", "blue")]), Code::InvalidArgument),
         (create_request("x", 1, &[("type", "gp9")]), Code::InvalidArgument),
-        (create_request("x", 20_000, &[("type", "gp3")]), Code::OutOfRange),
+        (create_request("x", 70_000, &[("type", "gp3")]), Code::OutOfRange),
         (
             CreateVolumeRequest {
                 capacity_range: Some(CapacityRange {
@@ -309,11 +312,11 @@ async fn invalid_requests_are_refused_before_ec2_is_called() {
         ),
         (create_request("x", 10, &[("type", "io2")]), Code::InvalidArgument),
         (
-            create_request("x", 10, &[("type", "gp3"), ("iops", "20000")]),
+            create_request("x", 5, &[("type", "gp3"), ("iops", "4000")]),
             Code::InvalidArgument,
         ),
         (
-            create_request("x", 10, &[("type", "gp3"), ("throughput", "2000")]),
+            create_request("x", 10, &[("type", "gp3"), ("throughput", "3000")]),
             Code::InvalidArgument,
         ),
         (
@@ -471,10 +474,10 @@ async fn volumes_are_attached_and_detached() {
 async fn snapshots_are_created_listed_restored_and_deleted() {
     let Setup {
         mut client,
-        moto: _moto,
+        moto,
         controller: _controller,
         _sandbox,
-    } = setup(&[]).await;
+    } = setup(&["--k8s-tag-cluster-id", "test-cluster"]).await;
     let volume = create(&mut client, "pvc-snap", 3).await;
     let other = create(&mut client, "pvc-snap-other", 3).await;
     let request = CreateSnapshotRequest {
@@ -502,6 +505,23 @@ async fn snapshots_are_created_listed_restored_and_deleted() {
     assert!(snapshot.snapshot_id.starts_with("snap-"));
     assert_eq!(snapshot.source_volume_id, volume.volume_id);
     assert_eq!(snapshot.size_bytes, 3 * GIB);
+    // Described and tagged as the Go driver does, as EC2 stores them.
+    let xml = moto.ec2(REGION, "DescribeSnapshots", &[("SnapshotId.1", &snapshot.snapshot_id)]);
+    assert_eq!(
+        xml_values(&xml, "description"),
+        vec![format!("Created by AWS EBS CSI driver for volume {}", volume.volume_id)]
+    );
+    for (key, value) in [
+        ("CSIVolumeSnapshotName", "snapshot-1"),
+        ("Name", "test-cluster-dynamic-snapshot-1"),
+        ("ebs.csi.aws.com/cluster-name", "test-cluster"),
+        ("origin", "nightly"),
+    ] {
+        assert!(
+            xml.contains(&format!("<key>{key}</key>")) && xml.contains(&format!("<value>{value}</value>")),
+            "tag {key} missing: {xml}"
+        );
+    }
     assert_eq!(
         client
             .create_snapshot(request.clone())

@@ -178,6 +178,8 @@ pub struct CreateVolumeInput {
     pub kms_key_id: Option<String>,
     /// Restore from this snapshot.
     pub snapshot_id: Option<String>,
+    /// With `snapshot_id`: initialize the volume at this rate, MiB/s.
+    pub initialization_rate: Option<i32>,
     /// Enable io2 Multi-Attach.
     pub multi_attach: bool,
     /// Tags applied at creation.

@@ -220,6 +220,7 @@ impl Ec2 for SdkEc2 {
                     .encrypted(input.encrypted)
                     .set_kms_key_id(input.kms_key_id)
                     .set_snapshot_id(input.snapshot_id)
+                    .set_volume_initialization_rate(input.initialization_rate)
                     .set_multi_attach_enabled(input.multi_attach.then_some(true))
                     .client_token(input.client_token)
                     .tag_specifications(tag_specification(ResourceType::Volume, &input.tags))
@@ -411,6 +412,8 @@ impl Ec2 for SdkEc2 {
                     .client("CreateSnapshot")
                     .create_snapshot()
                     .volume_id(volume_id)
+                    // The Go driver's description (pkg/cloud/cloud.go, CreateSnapshot).
+                    .description(format!("Created by AWS EBS CSI driver for volume {volume_id}"))
                     .tag_specifications(tag_specification(ResourceType::Snapshot, &tags))
                     .send()
                     .await

@@ -46,7 +46,8 @@ impl<E: Ec2> ControllerService<E> {
             }
             None => {
                 self.existing(volume_id).await?;
-                let mut snapshot_tags = tags::common(self.settings.cluster_id.as_deref(), &self.settings.extra_tags);
+                let mut snapshot_tags =
+                    tags::common(self.settings.cluster_id.as_deref(), name, &self.settings.extra_tags);
                 snapshot_tags.extend(extra);
                 snapshot_tags.insert(tags::SNAPSHOT_NAME.to_owned(), name.to_owned());
                 let snapshot = self.ec2.create_snapshot(volume_id, snapshot_tags).await?;

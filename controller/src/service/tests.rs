@@ -553,3 +553,46 @@ async fn bench_ec2_calls_per_volume() {
         None => print!("{text}"),
     }
 }
+
+/// `volumeInitializationRate` (EC2 API Reference, CreateVolume): only for a
+/// volume restored from a snapshot, 100–300 MiB/s; refused before EC2 is
+/// called otherwise.
+#[tokio::test]
+async fn an_initialization_rate_needs_a_snapshot_and_ec2s_range() {
+    let (model, service) = controller(Behaviour::default());
+    let cap = || capability(Mode::SingleNodeWriter, false);
+    for (parameters, expected) in [
+        (
+            [("volumeInitializationRate", "200")],
+            "volumeInitializationRate applies only to a volume restored from a snapshot",
+        ),
+        (
+            [("volumeInitializationRate", "301")],
+            "volumeinitializationrate=301 is outside EC2's 100–300 MiB/s",
+        ),
+    ] {
+        let err = service
+            .create(request("pvc-rate", &parameters, cap()))
+            .await
+            .unwrap_err();
+        let message = err.to_string();
+        assert_eq!((code(err), message.as_str()), (Code::InvalidArgument, expected));
+    }
+    assert_eq!(model.calls("CreateVolume"), 0);
+    let source = create(&service, "pvc-source").await;
+    let snapshot = crate::ec2::Ec2::create_snapshot(model.as_ref(), &source, Default::default())
+        .await
+        .unwrap();
+    let restore = CreateVolumeRequest {
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Snapshot(
+                volume_content_source::SnapshotSource {
+                    snapshot_id: snapshot.id,
+                },
+            )),
+        }),
+        ..request("pvc-restored", &[("volumeInitializationRate", "200")], cap())
+    };
+    service.create(restore).await.unwrap();
+    assert_eq!(model.calls("CreateVolume"), 2);
+}

@@ -151,6 +151,13 @@ impl<E: Ec2> ControllerService<E> {
             .map(|s| s.size_gib)
             .or(source.as_ref().map(|v| v.size_gib))
             .unwrap_or_default();
+        if p.initialization_rate.is_some() && snapshot.is_none() {
+            // EC2 refuses it too: only a volume restored from a snapshot
+            // is initialized (EC2 API Reference, CreateVolume).
+            return Err(ControllerError::InvalidArgument(
+                "volumeInitializationRate applies only to a volume restored from a snapshot".to_owned(),
+            ));
+        }
         let size_gib = size_gib(r.capacity_range.as_ref(), &kind, i64::from(at_least))?;
         let iops = kind.resolve_iops(size_gib, p.iops, p.iops_per_gib, p.allow_iops_increase)?;
         kind.check_throughput(p.throughput, iops)?;
@@ -163,7 +170,7 @@ impl<E: Ec2> ControllerService<E> {
                     .await?
             }
         };
-        let mut volume_tags = tags::common(self.settings.cluster_id.as_deref(), &self.settings.extra_tags);
+        let mut volume_tags = tags::common(self.settings.cluster_id.as_deref(), name, &self.settings.extra_tags);
         volume_tags.extend(p.tags);
         volume_tags.insert(tags::VOLUME_NAME.to_owned(), name.to_owned());
         let input = CreateVolumeInput {
@@ -176,6 +183,7 @@ impl<E: Ec2> ControllerService<E> {
             encrypted: p.encrypted || p.kms_key_id.is_some(),
             kms_key_id: p.kms_key_id,
             snapshot_id: snapshot.map(|s| s.id),
+            initialization_rate: p.initialization_rate,
             multi_attach: needs.multi_attach,
             tags: volume_tags,
             client_token: self.tokens.token(name),
@@ -402,7 +410,7 @@ mod tests {
             Err(ControllerError::OutOfRange(_))
         ));
         assert!(matches!(
-            size_gib(range(20_000 * GIB, 0).as_ref(), &gp3, 0),
+            size_gib(range(70_000 * GIB, 0).as_ref(), &gp3, 0),
             Err(ControllerError::OutOfRange(_))
         ));
         assert!(size_gib(range(5 * GIB, GIB).as_ref(), &gp3, 0).is_err());
