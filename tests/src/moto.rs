@@ -187,6 +187,23 @@ pub fn xml_values(xml: &str, tag: &str) -> Vec<String> {
         .collect()
 }
 
+/// Asserts that the resource described in `xml` carries each tag of
+/// `expected`, key and value as one pair (`<key>K</key><value>V</value>`).
+pub fn assert_tags(xml: &str, expected: &[(&str, &str)]) {
+    let tags: std::collections::HashMap<String, String> = xml
+        .split("<key>")
+        .skip(1)
+        .filter_map(|rest| {
+            let (key, rest) = rest.split_once("</key>")?;
+            let value = rest.trim_start().strip_prefix("<value>")?.split_once("</value>")?.0;
+            Some((key.to_owned(), value.to_owned()))
+        })
+        .collect();
+    for (key, value) in expected {
+        assert_eq!(tags.get(*key).map(String::as_str), Some(*value), "tag {key} in {xml}");
+    }
+}
+
 /// The controller of a test: the real `ebs-csi-controller` binary against
 /// moto in one region.
 pub struct Controller {

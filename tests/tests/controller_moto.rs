@@ -12,7 +12,7 @@ use ebs_csi_proto::v1::controller_client::ControllerClient;
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use ebs_csi_proto::v1::*;
-use ebs_csi_tests::moto::{Controller, Moto, xml_values};
+use ebs_csi_tests::moto::{Controller, Moto, assert_tags, xml_values};
 use ebs_csi_tests::nomad::{self, NomadClient};
 use ebs_csi_tests::{Sandbox, require_root};
 use tonic::Code;
@@ -156,21 +156,19 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
     assert_eq!(other.code(), Code::AlreadyExists, "{other:?}");
     // Tags, as EC2 stores them.
     let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
-    for (key, value) in [
-        ("CSIVolumeName", "pvc-a"),
-        ("ebs.csi.aws.com/cluster", "true"),
-        ("kubernetes.io/cluster/test-cluster", "owned"),
-        ("Name", "test-cluster-dynamic-pvc-a"),
-        ("KubernetesCluster", "test-cluster"),
-        ("ebs.csi.aws.com/cluster-name", "test-cluster"),
-        ("team", "storage"),
-        ("app", "shop"),
-    ] {
-        assert!(
-            xml.contains(&format!("<key>{key}</key>")) && xml.contains(&format!("<value>{value}</value>")),
-            "tag {key} missing: {xml}"
-        );
-    }
+    assert_tags(
+        &xml,
+        &[
+            ("CSIVolumeName", "pvc-a"),
+            ("ebs.csi.aws.com/cluster", "true"),
+            ("kubernetes.io/cluster/test-cluster", "owned"),
+            ("Name", "test-cluster-dynamic-pvc-a"),
+            ("KubernetesCluster", "test-cluster"),
+            ("ebs.csi.aws.com/cluster-name", "test-cluster"),
+            ("team", "storage"),
+            ("app", "shop"),
+        ],
+    );
     assert_eq!(xml_values(&xml, "volumeType"), vec!["gp3"]);
     // Get, validate, list with pagination.
     let got = client
@@ -511,17 +509,15 @@ async fn snapshots_are_created_listed_restored_and_deleted() {
         xml_values(&xml, "description"),
         vec![format!("Created by AWS EBS CSI driver for volume {}", volume.volume_id)]
     );
-    for (key, value) in [
-        ("CSIVolumeSnapshotName", "snapshot-1"),
-        ("Name", "test-cluster-dynamic-snapshot-1"),
-        ("ebs.csi.aws.com/cluster-name", "test-cluster"),
-        ("origin", "nightly"),
-    ] {
-        assert!(
-            xml.contains(&format!("<key>{key}</key>")) && xml.contains(&format!("<value>{value}</value>")),
-            "tag {key} missing: {xml}"
-        );
-    }
+    assert_tags(
+        &xml,
+        &[
+            ("CSIVolumeSnapshotName", "snapshot-1"),
+            ("Name", "test-cluster-dynamic-snapshot-1"),
+            ("ebs.csi.aws.com/cluster-name", "test-cluster"),
+            ("origin", "nightly"),
+        ],
+    );
     assert_eq!(
         client
             .create_snapshot(request.clone())
