@@ -1,6 +1,8 @@
 //! moto server (PyPI `moto[ec2,server]`, a real EC2 Query API
-//! implementation) on 127.0.0.1, one per test, and the controller binary
-//! pointed at it through the SDK's standard endpoint setting.
+//! implementation) on 127.0.0.1, one per test, behind `tests/ec2/serve.py`
+//! (CopyVolumes, which moto lacks, and EC2's own answers to the faults a
+//! test arms), and the controller binary pointed at it through the SDK's
+//! standard endpoint setting.
 #![allow(clippy::expect_used, reason = "test support")]
 
 use std::io::{Read, Write};
@@ -36,8 +38,9 @@ impl Moto {
             .prefix("ebs-csi-moto-")
             .tempdir()
             .expect("tempdir");
-        let child = Command::new(crate::venv_program("moto_server"))
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        let child = Command::new(crate::venv_program("python"))
+            .arg(crate::repository().join("tests/ec2/serve.py"))
+            .arg(port.to_string())
             .current_dir(dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -109,6 +112,19 @@ impl Moto {
             ],
         );
         xml_values(&xml, "instanceId").into_iter().next().expect("instance id")
+    }
+
+    /// Arms the fault `name` of `tests/ec2/serve.py` (`throttle`,
+    /// `detach-available`, `token-mismatch`) for its next `count` calls.
+    pub fn fault(&self, name: &str, count: usize) {
+        self.http("POST", &format!("/_faults/{name}?count={count}"), "")
+            .unwrap_or_else(|| panic!("arming fault {name}"));
+    }
+
+    /// How many calls the fault `name` has still to answer.
+    pub fn fault_left(&self, name: &str) -> usize {
+        let left = self.http("GET", &format!("/_faults/{name}"), "").expect("fault count");
+        left.trim().parse().expect("a count")
     }
 
     /// Starts moto's request recorder.

@@ -80,9 +80,22 @@ fn create_request(name: &str, gib: i64, parameters: &[(&str, &str)]) -> CreateVo
     }
 }
 
+/// [`create_request`] for a volume made from `source` (a snapshot or a volume).
+fn request_from(source: volume_content_source::Type, name: &str, gib: i64) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        volume_content_source: Some(VolumeContentSource { r#type: Some(source) }),
+        ..create_request(name, gib, &[])
+    }
+}
+
 async fn create(client: &mut ControllerClient<Channel>, name: &str, gib: i64) -> ebs_csi_proto::v1::Volume {
+    created(client, create_request(name, gib, &[])).await
+}
+
+/// The volume CreateVolume answers `request` with.
+async fn created(client: &mut ControllerClient<Channel>, request: CreateVolumeRequest) -> ebs_csi_proto::v1::Volume {
     client
-        .create_volume(create_request(name, gib, &[]))
+        .create_volume(request)
         .await
         .unwrap()
         .into_inner()
@@ -125,13 +138,7 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
             ("tagSpecification_1", "app=shop"),
         ],
     );
-    let volume = client
-        .create_volume(request.clone())
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let volume = created(&mut client, request.clone()).await;
     assert!(volume.volume_id.starts_with("vol-"));
     assert_eq!(volume.capacity_bytes, 4 * GIB);
     assert_eq!(
@@ -143,13 +150,7 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
     );
     assert_eq!(volume.volume_context.get("blocksize").map(String::as_str), Some("4096"));
     // The same request again: the same volume.
-    let again = client
-        .create_volume(request.clone())
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let again = created(&mut client, request.clone()).await;
     assert_eq!(again.volume_id, volume.volume_id);
     // The same name with another size: ALREADY_EXISTS.
     let other = client.create_volume(create_request("pvc-a", 8, &[])).await.unwrap_err();
@@ -558,23 +559,15 @@ async fn snapshots_are_created_listed_restored_and_deleted() {
         by_id.entries[0].snapshot.as_ref().unwrap().snapshot_id,
         snapshot.snapshot_id
     );
-    let restore = CreateVolumeRequest {
-        volume_content_source: Some(VolumeContentSource {
-            r#type: Some(volume_content_source::Type::Snapshot(
-                volume_content_source::SnapshotSource {
-                    snapshot_id: snapshot.snapshot_id.clone(),
-                },
-            )),
-        }),
-        ..create_request("pvc-restored", 1, &[])
+    let snapshot_source = volume_content_source::SnapshotSource {
+        snapshot_id: snapshot.snapshot_id.clone(),
     };
-    let restored = client
-        .create_volume(restore)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let restore = request_from(
+        volume_content_source::Type::Snapshot(snapshot_source),
+        "pvc-restored",
+        1,
+    );
+    let restored = created(&mut client, restore).await;
     assert_eq!(restored.capacity_bytes, 3 * GIB, "at least the snapshot's size");
     assert!(restored.content_source.is_some());
     let got = client
@@ -706,13 +699,7 @@ async fn describe_calls(batching: &str, count: usize) -> usize {
             let mut client = client.clone();
             let node = nodes[i % 2].clone();
             tokio::spawn(async move {
-                let volume = client
-                    .create_volume(create_request(&format!("pvc-{i}"), 1, &[]))
-                    .await
-                    .unwrap()
-                    .into_inner()
-                    .volume
-                    .unwrap();
+                let volume = create(&mut client, &format!("pvc-{i}"), 1).await;
                 let publish = ControllerPublishVolumeRequest {
                     volume_id: volume.volume_id,
                     node_id: node,
@@ -758,4 +745,68 @@ async fn the_nomad_controller_job_serves_nomads_socket_unprivileged() {
         .into_inner();
     assert_eq!(info.name, "ebs.csi.aws.com");
     nomad::assert_handed_over(controller.process.pid(), "ebs-csi-control", 65534);
+}
+
+/// EC2's answers that moto does not give, from `tests/ec2/serve.py` (each
+/// cites its source there), over the wire: throttling the SDK's retries
+/// get through, a detach EC2 refuses because the volume is already
+/// available, a ClientToken reused with other parameters, and a clone made
+/// by CopyVolumes.
+#[tokio::test(flavor = "multi_thread")]
+async fn ec2s_own_answers_are_survived_over_the_wire() {
+    let Setup {
+        moto,
+        mut client,
+        controller: _controller,
+        _sandbox,
+    } = setup(&[]).await;
+    // Two throttled calls: the SDK's third attempt (adaptive mode) passes.
+    moto.fault("throttle", 2);
+    let volume = create(&mut client, "pvc-throttled", 2).await;
+    assert_eq!(moto.fault_left("throttle"), 0);
+
+    // Never attached, so EC2 answers DetachVolume with IncorrectState
+    // "… is in the 'available' state.": already detached, success.
+    let node = moto.run_instance(REGION, ZONE);
+    moto.fault("detach-available", 1);
+    client
+        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            node_id: node,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(moto.fault_left("detach-available"), 0);
+
+    // IdempotentParameterMismatch: ALREADY_EXISTS now, a volume on retry.
+    moto.fault("token-mismatch", 1);
+    let mismatch = client
+        .create_volume(create_request("pvc-token", 2, &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(mismatch.code(), Code::AlreadyExists, "{mismatch:?}");
+    assert!(
+        mismatch.message().ends_with("the next attempt uses a new client token"),
+        "{mismatch:?}"
+    );
+    let retried = create(&mut client, "pvc-token", 2).await;
+    assert!(retried.volume_id.starts_with("vol-"));
+
+    // A clone: CopyVolumes in the source's zone, the source in the reply.
+    let volume_source = volume_content_source::VolumeSource {
+        volume_id: volume.volume_id.clone(),
+    };
+    let request = request_from(volume_content_source::Type::Volume(volume_source), "pvc-clone", 4);
+    let clone = created(&mut client, request.clone()).await;
+    assert_eq!(clone.content_source, request.volume_content_source);
+    assert_eq!(clone.capacity_bytes, 4 * GIB);
+    let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &clone.volume_id)]);
+    assert_eq!(xml_values(&xml, "availabilityZone"), vec![ZONE]);
+    assert_tags(
+        &xml,
+        &[("CSIVolumeName", "pvc-clone"), ("ebs.csi.aws.com/cluster", "true")],
+    );
+    let again = created(&mut client, request).await;
+    assert_eq!(again.volume_id, clone.volume_id, "a repeat finds the clone");
 }

@@ -596,3 +596,80 @@ async fn an_initialization_rate_needs_a_snapshot_and_ec2s_range() {
     service.create(restore).await.unwrap();
     assert_eq!(model.calls("CreateVolume"), 2);
 }
+
+/// A clone lands in its source's zone with its source's encryption
+/// (CopyVolumes takes neither): a request that asks otherwise is refused
+/// before EC2 is called, with the code the CSI spec gives each case.
+#[tokio::test]
+async fn a_clone_that_cannot_match_its_request_is_refused() {
+    let (model, service) = controller(Behaviour::default());
+    let key = "arn:aws:kms:us-east-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab";
+    let cap = || capability(Mode::SingleNodeWriter, false);
+    let plain = create(&service, "pvc-plain").await;
+    let sealed = service
+        .create(request("pvc-sealed", &[("kmsKeyId", key)], cap()))
+        .await
+        .unwrap()
+        .volume
+        .unwrap()
+        .volume_id;
+    let clone_of = |source: &str, name: &str, parameters: &[(&str, &str)]| CreateVolumeRequest {
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Volume(
+                volume_content_source::VolumeSource {
+                    volume_id: source.to_owned(),
+                },
+            )),
+        }),
+        ..request(name, parameters, cap())
+    };
+    let elsewhere = CreateVolumeRequest {
+        accessibility_requirements: Some(TopologyRequirement {
+            requisite: vec![Topology {
+                segments: HashMap::from([("topology.kubernetes.io/zone".into(), "us-east-1b".into())]),
+            }],
+            preferred: vec![],
+        }),
+        ..clone_of(&plain, "pvc-elsewhere", &[])
+    };
+    let refusals = [
+        (
+            elsewhere,
+            Code::ResourceExhausted,
+            format!(
+                "the source volume {plain} is in us-east-1a, outside the requisite topology; a clone stays in its source's zone"
+            ),
+        ),
+        (
+            clone_of(&plain, "pvc-encrypted", &[("encrypted", "true")]),
+            Code::InvalidArgument,
+            format!("the source volume {plain} is not encrypted, and a clone keeps its source's encryption"),
+        ),
+        (
+            clone_of(
+                &sealed,
+                "pvc-rekeyed",
+                &[("kmsKeyId", "0000aaaa-12ab-34cd-56ef-1234567890ab")],
+            ),
+            Code::InvalidArgument,
+            format!("the source volume {sealed} is encrypted with {key}, and a clone keeps its source's key"),
+        ),
+    ];
+    for (request, expected_code, expected) in refusals {
+        let err = service.create(request).await.unwrap_err();
+        let message = err.to_string();
+        assert_eq!((code(err), message), (expected_code, expected));
+    }
+    assert_eq!(model.calls("CopyVolumes"), 0);
+    // The source's key by id or by alias (which only KMS could resolve).
+    for (name, given) in [
+        ("pvc-same-key", "1234abcd-12ab-34cd-56ef-1234567890ab"),
+        ("pvc-alias", "alias/ebs"),
+    ] {
+        service
+            .create(clone_of(&sealed, name, &[("kmsKeyId", given)]))
+            .await
+            .unwrap();
+    }
+    assert_eq!(model.calls("CopyVolumes"), 2);
+}

@@ -37,6 +37,15 @@ pub fn topology(zone: &str) -> Topology {
     }
 }
 
+/// Whether a volume in `zone` meets `requirement`: a requisite topology,
+/// when there is one, must name the zone (CSI spec, TopologyRequirement).
+pub fn allows(requirement: Option<&TopologyRequirement>, zone: &str) -> bool {
+    let requisite: Vec<&str> = requirement
+        .map(|r| r.requisite.iter().filter_map(zone_of).collect())
+        .unwrap_or_default();
+    requisite.is_empty() || requisite.contains(&zone)
+}
+
 impl ZonePicker {
     /// The zone for a volume with these requirements.
     ///

@@ -120,6 +120,50 @@ pub(super) fn page<T>(
     Ok((page, next))
 }
 
+/// A clone is made by CopyVolumes, which takes neither a zone nor an
+/// encryption setting (EC2 API Reference, CopyVolumes): it lands in its
+/// source's zone with its source's encryption. A request that asks for
+/// something else is refused before EC2 is called.
+///
+/// # Errors
+/// RESOURCE_EXHAUSTED when the requisite topology leaves out the source's
+/// zone (CSI spec, CreateVolume: unable to provision in the topology);
+/// INVALID_ARGUMENT when encryption is asked of an unencrypted source, or
+/// a KMS key (an ARN or key id; an alias cannot be resolved here) other
+/// than the source's.
+fn check_clone(
+    source: &Volume,
+    p: &parameters::VolumeParameters,
+    requirement: Option<&TopologyRequirement>,
+) -> Result<(), ControllerError> {
+    if !topology::allows(requirement, &source.zone) {
+        return Err(ControllerError::ResourceExhausted(format!(
+            "the source volume {} is in {}, outside the requisite topology; a clone stays in its source's zone",
+            source.id, source.zone
+        )));
+    }
+    let invalid = |m: String| Err(ControllerError::InvalidArgument(m));
+    if (p.encrypted || p.kms_key_id.is_some()) && !source.encrypted {
+        return invalid(format!(
+            "the source volume {} is not encrypted, and a clone keeps its source's encryption",
+            source.id
+        ));
+    }
+    let source_key = source.kms_key_id.as_deref().unwrap_or_default();
+    let is_alias = |key: &str| key.starts_with("alias/") || key.contains(":alias/");
+    let is_source_key = |key: &str| key == source_key || source_key.ends_with(&format!("key/{key}"));
+    if p.kms_key_id
+        .as_deref()
+        .is_some_and(|key| !is_alias(key) && !is_source_key(key))
+    {
+        return invalid(format!(
+            "the source volume {} is encrypted with {source_key}, and a clone keeps its source's key",
+            source.id
+        ));
+    }
+    Ok(())
+}
+
 impl<E: Ec2> ControllerService<E> {
     pub(super) async fn create(&self, r: CreateVolumeRequest) -> Result<CreateVolumeResponse, ControllerError> {
         let name = required("name", &r.name)?;
@@ -163,7 +207,10 @@ impl<E: Ec2> ControllerService<E> {
         kind.check_throughput(p.throughput, iops)?;
         let _guard = self.in_flight.acquire(name)?;
         let zone = match &source {
-            Some(v) => v.zone.clone(),
+            Some(v) => {
+                check_clone(v, &p, r.accessibility_requirements.as_ref())?;
+                v.zone.clone()
+            }
             None => {
                 self.zones
                     .pick(r.accessibility_requirements.as_ref(), self.ec2.as_ref())

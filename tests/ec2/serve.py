@@ -1,0 +1,162 @@
+"""moto's EC2 server with what moto lacks: CopyVolumes, and EC2's answers
+to the situations the controller must survive, each as EC2 gives it.
+
+Usage: serve.py PORT
+
+Everything is moto (moto[server], PyPI) behind one WSGI middleware, served
+by werkzeug as moto_server serves it. The middleware:
+
+- answers CopyVolumes (EC2 API Reference, CopyVolumes) by creating the copy
+  in moto's EC2 backend in the source's zone with its encryption, tagging it,
+  and answering with moto's own rendering of the new volume under
+  <CopyVolumesResponse><volumeSet>, the element names of aws-sdk-ec2's
+  CopyVolumes deserializer; a ClientToken reused with other parameters is
+  IdempotentParameterMismatch, as for every idempotent EC2 action;
+- injects faults armed with POST /_faults/<name>?count=N, each the next N
+  calls of its action (all actions for `throttle`), from FAULTS below;
+  GET /_faults/<name> answers how many are left to fire.
+
+EC2 error responses have the shape of the EC2 API Reference, "Error
+responses": <Response><Errors><Error><Code/><Message/></Error></Errors>
+<RequestID/></Response>.
+"""
+
+import io
+import re
+import sys
+import threading
+import uuid
+from urllib.parse import parse_qs
+
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.ec2.models import ec2_backends
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+from werkzeug.serving import run_simple
+
+# name: (action or None for every action, HTTP status, code, message).
+FAULTS = {
+    # Request throttling for the Amazon EC2 API: beyond the bucket EC2
+    # answers 503 RequestLimitExceeded (EC2 API Reference, "Error codes";
+    # the SDK retries it as a throttling error).
+    "throttle": (None, 503, "RequestLimitExceeded", "Request limit exceeded."),
+    # DetachVolume of a volume that is no longer attached: the message EC2
+    # sends, as captured in kubernetes-sigs/aws-ebs-csi-driver#1801.
+    "detach-available": ("DetachVolume", 400, "IncorrectState", "Volume '{VolumeId}' is in the 'available' state."),
+    # A ClientToken reused with other parameters (EC2 API Reference, "Error
+    # codes", IdempotentParameterMismatch).
+    "token-mismatch": (
+        "CreateVolume",
+        400,
+        "IdempotentParameterMismatch",
+        "The request uses the same client token as a previous, but non-identical request.",
+    ),
+}
+
+armed = {}
+copies = {}
+lock = threading.Lock()
+
+
+def error(start_response, status, code, message):
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error>'
+        f"<Code>{code}</Code><Message>{message}</Message></Error></Errors>"
+        f"<RequestID>{uuid.uuid4()}</RequestID></Response>"
+    ).encode()
+    start_response(f"{status} {'Service Unavailable' if status == 503 else 'Bad Request'}",
+                   [("Content-Type", "text/xml"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def region_of(environ):
+    match = re.search(r"Credential=[^/]+/[^/]+/([^/]+)/ec2/", environ.get("HTTP_AUTHORIZATION", ""))
+    return match.group(1) if match else "us-east-1"
+
+
+def tags_of(params):
+    tags = {}
+    for key, values in params.items():
+        match = re.fullmatch(r"TagSpecification\.(\d+)\.Tag\.(\d+)\.Key", key)
+        if match:
+            value = params.get(f"TagSpecification.{match.group(1)}.Tag.{match.group(2)}.Value", [""])[0]
+            tags[values[0]] = value
+    return tags
+
+
+def copy_volumes(app, environ, start_response, params):
+    one = {k: v[0] for k, v in params.items()}
+    backend = ec2_backends[DEFAULT_ACCOUNT_ID][region_of(environ)]
+    token = one.get("ClientToken")
+    request = {k: v for k, v in one.items() if k != "ClientToken"}
+    with lock:
+        if token in copies and copies[token][0] != request:
+            return error(start_response, *FAULTS["token-mismatch"][1:])
+        if token in copies:
+            volume_id = copies[token][1]
+        else:
+            source = backend.get_volume(one["SourceVolumeId"])
+            volume = backend.create_volume(
+                size=int(one.get("Size", source.size)),
+                zone_name=source.zone.name,
+                encrypted=source.encrypted,
+                kms_key_id=source.kms_key_id if source.encrypted else None,
+                volume_type=one.get("VolumeType", source.volume_type),
+                iops=int(one["Iops"]) if "Iops" in one else None,
+                throughput=int(one["Throughput"]) if "Throughput" in one else None,
+                multi_attach_enabled=one.get("MultiAttachEnabled") == "true",
+            )
+            backend.create_tags([volume.id], tags_of(params))
+            volume_id = volume.id
+            if token:
+                copies[token] = (request, volume_id)
+    # moto's own rendering of the volume, under CopyVolumes' root element.
+    describe = f"Action=DescribeVolumes&Version=2016-11-15&VolumeId.1={volume_id}".encode()
+    inner = dict(environ, **{"wsgi.input": io.BytesIO(describe), "CONTENT_LENGTH": str(len(describe))})
+    captured = {}
+    body = b"".join(app(inner, lambda status, headers, *_: captured.update(status=status)))
+    body = body.replace(b"DescribeVolumesResponse", b"CopyVolumesResponse")
+    start_response(captured["status"], [("Content-Type", "text/xml"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def middleware(app):
+    def serve(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path.startswith("/_faults/") and environ["REQUEST_METHOD"] == "GET":
+            left = str(armed.get(path.removeprefix("/_faults/"), 0)).encode()
+            start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(left)))])
+            return [left]
+        if path.startswith("/_faults/") and environ["REQUEST_METHOD"] == "POST":
+            name = path.removeprefix("/_faults/")
+            count = int(parse_qs(environ.get("QUERY_STRING", "")).get("count", ["1"])[0])
+            if name not in FAULTS:
+                return error(start_response, 400, "UnknownFault", name)
+            with lock:
+                armed[name] = count
+            start_response("204 No Content", [])
+            return []
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+        body = environ["wsgi.input"].read(length)
+        environ["wsgi.input"] = io.BytesIO(body)
+        params = parse_qs(body.decode(errors="replace"))
+        action = params.get("Action", [""])[0]
+        with lock:
+            for name, (target, status, code, message) in FAULTS.items():
+                if armed.get(name) and target in (None, action):
+                    armed[name] -= 1
+                    fields = {k: v[0] for k, v in params.items()}
+                    return error(start_response, status, code, message.format(**fields))
+        if action == "CopyVolumes":
+            return copy_volumes(app, environ, start_response, params)
+        return app(environ, start_response)
+
+    return serve
+
+
+def main():
+    app = DomainDispatcherApplication(create_backend_app)
+    run_simple("127.0.0.1", int(sys.argv[1]), middleware(app), threaded=True, request_handler=MotoRequestHandler)
+
+
+if __name__ == "__main__":
+    main()
