@@ -95,6 +95,10 @@ struct Args {
     /// Log format: `text` (plain lines) or `json` (one object per line).
     #[arg(long, default_value = "text", value_parser = LoggingFormat::parse)]
     logging_format: LoggingFormat,
+    /// Log verbosity as klog's `-v`, which the Go driver's manifests pass:
+    /// up to 3 info, 4–5 debug, more trace (`RUST_LOG` overrides it).
+    #[arg(short = 'v', long = "v", default_value_t = 2)]
+    v: u8,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -122,7 +126,7 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    ebs_csi_proto::endpoint::init_logging(args.logging_format);
+    ebs_csi_proto::endpoint::init_logging(args.logging_format, args.v, &[]);
     match &args.command {
         Some(Command::Devices) => {
             print!("{}", devices::table(&devices::list(&args.sys_dir, &args.dev_dir)));

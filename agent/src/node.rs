@@ -2,13 +2,14 @@
 //! finds the device if it needs one, and asks the helper for the change.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ebs_csi_helper_proto::{
     ExpandRequest, PublishRequest, PublishSource, Reply, Request as HelperRequest, StageRequest, UnpublishRequest,
     UnstageRequest, VolumeId,
 };
 use ebs_csi_proto::inflight::{InFlight, InFlightGuard};
+use ebs_csi_proto::observed::observed;
 use ebs_csi_proto::v1::node_server::Node;
 use ebs_csi_proto::v1::node_service_capability::{self, rpc};
 use ebs_csi_proto::v1::{
@@ -228,29 +229,6 @@ impl NodeService {
             capacity_bytes: stats::to_i64(size_bytes),
         })
     }
-}
-
-/// Runs one node RPC and logs its outcome: every failure at warn, with its
-/// gRPC code and cause; a `mutating` RPC that succeeds once at info. Both
-/// carry the volume id and the latency in milliseconds. Request strings
-/// are logged escaped (`Debug`).
-async fn observed<T>(
-    rpc: &'static str,
-    volume_id: &str,
-    mutating: bool,
-    call: impl Future<Output = Result<T, NodeError>>,
-) -> Result<Response<T>, Status> {
-    let started = Instant::now();
-    let result = call.await.map_err(Status::from);
-    let latency_ms = started.elapsed().as_millis();
-    match &result {
-        Err(status) => {
-            tracing::warn!(rpc, ?volume_id, code = ?status.code(), cause = ?status.message(), latency_ms, "failed");
-        }
-        Ok(_) if mutating => tracing::info!(rpc, ?volume_id, latency_ms, "done"),
-        Ok(_) => {}
-    }
-    result.map(Response::new)
 }
 
 fn device_path(publish_context: &HashMap<String, String>) -> Option<&str> {

@@ -1,23 +1,32 @@
 //! Device names for AttachVolume.
 //!
-//! EC2 wants the caller to name the device. The controller uses the
-//! two-letter `xvd` names EC2 accepts on every Linux instance
-//! (`/dev/xvdaa`–`/dev/xvddz`, 104 names; EC2 User Guide, "Device names
-//! on Linux instances"), skips names in the instance's block-device
-//! mapping, names reserved by attachments in flight and names EC2 refused
-//! on that instance, and rotates instead of always reusing the first free
-//! name, so a name just released (and perhaps still stale on the node) is
-//! not handed out again at once.
+//! EC2 wants the caller to name the device. The controller uses the Go
+//! driver's 127 names, found by trial against EC2
+//! (aws-ebs-csi-driver pkg/cloud/devicemanager/device_names.go):
+//! `/dev/xvdaa`–`/dev/xvdbz`, `/dev/xvdda`–`/dev/xvddx` (the last two-letter
+//! name EC2 accepts; `/dev/xvdc*` fail on some instance types), then
+//! `/dev/xvdb`–`/dev/xvdz`, `/dev/sdb`–`/dev/sdz` and `/dev/sda2`. It skips
+//! names in the instance's block-device mapping, names reserved by
+//! attachments in flight and names EC2 refused on that instance, and
+//! rotates instead of always reusing the first free name, so a name just
+//! released (and perhaps still stale on the node) is not handed out again
+//! at once.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Every name the allocator hands out, in order.
 pub fn all_names() -> Vec<String> {
-    let letters = || (b'a'..=b'z').map(char::from);
-    ['a', 'b', 'c', 'd']
+    let letters = |last: u8| (b'a'..=last).map(char::from);
+    let two_letters = [('a', b'z'), ('b', b'z'), ('d', b'x')]
         .into_iter()
-        .flat_map(|first| letters().map(move |second| format!("/dev/xvd{first}{second}")))
+        .flat_map(move |(first, last)| letters(last).map(move |second| format!("/dev/xvd{first}{second}")));
+    let xvd = letters(b'z').skip(1).map(|letter| format!("/dev/xvd{letter}"));
+    let sd = letters(b'z').skip(1).map(|letter| format!("/dev/sd{letter}"));
+    two_letters
+        .chain(xvd)
+        .chain(sd)
+        .chain(["/dev/sda2".to_owned()])
         .collect()
 }
 
@@ -89,7 +98,34 @@ mod tests {
 
     #[test]
     fn rotates_and_skips_taken_names() {
-        assert_eq!(all_names().len(), 104);
+        let names = all_names();
+        assert_eq!(names.len(), 127);
+        assert_eq!(
+            [
+                &names[0],
+                &names[51],
+                &names[52],
+                &names[75],
+                &names[76],
+                &names[100],
+                &names[101],
+                &names[126]
+            ],
+            [
+                "/dev/xvdaa",
+                "/dev/xvdbz",
+                "/dev/xvdda",
+                "/dev/xvddx",
+                "/dev/xvdb",
+                "/dev/xvdz",
+                "/dev/sdb",
+                "/dev/sda2"
+            ]
+        );
+        assert!(
+            !names.iter().any(|n| n.starts_with("/dev/xvdc") && n.len() == 10),
+            "no /dev/xvdc*"
+        );
         let allocator = DeviceAllocator::default();
         let in_use = vec!["/dev/xvdaa".to_owned()];
         let first = allocator.allocate("i-1", &in_use).unwrap();
@@ -114,7 +150,7 @@ mod tests {
     #[test]
     fn runs_out_when_every_name_is_taken() {
         let allocator = DeviceAllocator::default();
-        let held: Vec<_> = (0..104).map(|_| allocator.allocate("i-1", &[]).unwrap()).collect();
+        let held: Vec<_> = (0..127).map(|_| allocator.allocate("i-1", &[]).unwrap()).collect();
         assert!(allocator.allocate("i-1", &[]).is_none());
         drop(held);
         assert!(allocator.allocate("i-1", &[]).is_some());

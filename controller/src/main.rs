@@ -60,6 +60,13 @@ struct Args {
     /// Log format: `text` (plain lines) or `json` (one object per line).
     #[arg(long, default_value = "text", value_parser = LoggingFormat::parse)]
     logging_format: LoggingFormat,
+    /// Log verbosity as klog's `-v`, which the Go driver's manifests pass:
+    /// up to 3 info, 4–5 debug, more trace (`RUST_LOG` overrides it).
+    #[arg(short = 'v', long = "v", default_value_t = 2)]
+    v: u8,
+    /// Log the AWS SDK's requests and retries at debug level too.
+    #[arg(long)]
+    aws_sdk_debug_log: bool,
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:3301).
     #[arg(long)]
     http_endpoint: Option<SocketAddr>,
@@ -83,7 +90,12 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    ebs_csi_proto::endpoint::init_logging(args.logging_format);
+    let sdk_debug: &[&str] = if args.aws_sdk_debug_log {
+        &["aws_smithy_runtime=debug", "aws_sdk_ec2=debug", "aws_config=debug"]
+    } else {
+        &[]
+    };
+    ebs_csi_proto::endpoint::init_logging(args.logging_format, args.v, sdk_debug);
     let socket = endpoint::socket_path(&args.endpoint)?;
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
     if let Some(region) = args.region {

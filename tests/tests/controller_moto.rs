@@ -155,6 +155,16 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
     // The same name with another size: ALREADY_EXISTS.
     let other = client.create_volume(create_request("pvc-a", 8, &[])).await.unwrap_err();
     assert_eq!(other.code(), Code::AlreadyExists, "{other:?}");
+    // Each mutating RPC once at info when it succeeds, at warn with its
+    // code when it fails.
+    let log = controller.process.log();
+    let lines = |level: &str| {
+        log.lines()
+            .filter(|l| l.contains(level) && l.contains(r#"rpc="CreateVolume" subject="pvc-a""#))
+            .count()
+    };
+    assert_eq!((lines("INFO"), lines("WARN")), (2, 1), "{log}");
+    assert!(log.contains("code=AlreadyExists"), "{log}");
     // Tags, as EC2 stores them.
     let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
     assert_tags(

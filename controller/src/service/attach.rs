@@ -11,6 +11,7 @@ use ebs_csi_proto::v1::{
 use super::capability;
 use super::wait::{self, Look};
 use super::{ControllerService, required};
+use crate::devices::Reservation;
 use crate::ec2::{AttachmentState, Ec2, Ec2Error, Volume};
 use crate::error::ControllerError;
 
@@ -45,8 +46,11 @@ impl<E: Ec2> ControllerService<E> {
             .get(node_id)
             .await?
             .ok_or_else(|| ControllerError::NotFound(format!("node {node_id} (EC2 instance) not found")))?;
-        let device = match attachment_on(&volume, node_id) {
-            Some(existing) => existing.device.clone(),
+        // The name stays reserved until the attachment is confirmed (like
+        // the Go driver's device manager): a concurrent publish to the node
+        // must not pick it from a block-device map that does not show it yet.
+        let (device, _reserved) = match attachment_on(&volume, node_id) {
+            Some(existing) => (existing.device.clone(), None),
             None => {
                 let elsewhere: Vec<&str> = volume
                     .attachments
@@ -60,7 +64,8 @@ impl<E: Ec2> ControllerService<E> {
                         elsewhere.join(", ")
                     )));
                 }
-                self.attach(volume_id, node_id, &instance.device_names).await?
+                let reservation = self.attach(volume_id, node_id, &instance.device_names).await?;
+                (reservation.name.clone(), Some(reservation))
             }
         };
         self.wait_attached(volume_id, node_id, &device).await?;
@@ -71,15 +76,15 @@ impl<E: Ec2> ControllerService<E> {
     }
 
     /// AttachVolume with a fresh device name, trying another when EC2
-    /// refuses one.
-    async fn attach(&self, volume_id: &str, node_id: &str, in_use: &[String]) -> Result<String, ControllerError> {
+    /// refuses one; the name's reservation is returned with it.
+    async fn attach(&self, volume_id: &str, node_id: &str, in_use: &[String]) -> Result<Reservation, ControllerError> {
         for _ in 0..NAME_ATTEMPTS {
             let name = self
                 .devices
                 .allocate(node_id, in_use)
                 .ok_or_else(|| ControllerError::ResourceExhausted(format!("no free device name on node {node_id}")))?;
             match self.ec2.attach_volume(volume_id, node_id, &name.name).await {
-                Ok(()) => return Ok(name.name.clone()),
+                Ok(()) => return Ok(name),
                 Err(Ec2Error::DeviceNameRefused(m)) => {
                     tracing::warn!(volume_id, node_id, device = %name.name, reason = %m, "device name refused");
                     self.devices.refuse(node_id, &name.name);

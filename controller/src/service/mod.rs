@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ebs_csi_proto::inflight::InFlight;
+use ebs_csi_proto::observed::observed;
 use ebs_csi_proto::v1::controller_server::Controller;
 use ebs_csi_proto::v1::controller_service_capability::{self, rpc};
 use ebs_csi_proto::v1::*;
@@ -114,36 +115,46 @@ fn gib_ceil(bytes: i64) -> i64 {
 #[tonic::async_trait]
 impl<E: Ec2> Controller for ControllerService<E> {
     async fn create_volume(&self, r: Request<CreateVolumeRequest>) -> Result<Response<CreateVolumeResponse>, Status> {
-        Ok(Response::new(self.create(r.into_inner()).await?))
+        let r = r.into_inner();
+        let subject = r.name.clone();
+        observed("CreateVolume", &subject, true, self.create(r)).await
     }
 
     async fn delete_volume(&self, r: Request<DeleteVolumeRequest>) -> Result<Response<DeleteVolumeResponse>, Status> {
-        Ok(Response::new(self.delete(r.into_inner()).await?))
+        let r = r.into_inner();
+        let subject = r.volume_id.clone();
+        observed("DeleteVolume", &subject, true, self.delete(r)).await
     }
 
     async fn controller_publish_volume(
         &self,
         r: Request<ControllerPublishVolumeRequest>,
     ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
-        Ok(Response::new(self.publish(r.into_inner()).await?))
+        let r = r.into_inner();
+        let subject = r.volume_id.clone();
+        observed("ControllerPublishVolume", &subject, true, self.publish(r)).await
     }
 
     async fn controller_unpublish_volume(
         &self,
         r: Request<ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
-        Ok(Response::new(self.unpublish(r.into_inner()).await?))
+        let r = r.into_inner();
+        let subject = r.volume_id.clone();
+        observed("ControllerUnpublishVolume", &subject, true, self.unpublish(r)).await
     }
 
     async fn validate_volume_capabilities(
         &self,
         r: Request<ValidateVolumeCapabilitiesRequest>,
     ) -> Result<Response<ValidateVolumeCapabilitiesResponse>, Status> {
-        Ok(Response::new(self.validate(r.into_inner()).await?))
+        let r = r.into_inner();
+        let subject = r.volume_id.clone();
+        observed("ValidateVolumeCapabilities", &subject, false, self.validate(r)).await
     }
 
     async fn list_volumes(&self, r: Request<ListVolumesRequest>) -> Result<Response<ListVolumesResponse>, Status> {
-        Ok(Response::new(self.list(r.into_inner()).await?))
+        observed("ListVolumes", "", false, self.list(r.into_inner())).await
     }
 
     async fn get_capacity(&self, _: Request<GetCapacityRequest>) -> Result<Response<GetCapacityResponse>, Status> {
@@ -188,46 +199,58 @@ impl<E: Ec2> Controller for ControllerService<E> {
         &self,
         r: Request<CreateSnapshotRequest>,
     ) -> Result<Response<CreateSnapshotResponse>, Status> {
-        Ok(Response::new(self.snapshot(r.into_inner()).await?))
+        let r = r.into_inner();
+        let subject = r.name.clone();
+        observed("CreateSnapshot", &subject, true, self.snapshot(r)).await
     }
 
     async fn delete_snapshot(
         &self,
         r: Request<DeleteSnapshotRequest>,
     ) -> Result<Response<DeleteSnapshotResponse>, Status> {
-        Ok(Response::new(self.delete_snapshot(r.into_inner()).await?))
+        let r = r.into_inner();
+        let subject = r.snapshot_id.clone();
+        observed("DeleteSnapshot", &subject, true, self.delete_snapshot(r)).await
     }
 
     async fn get_snapshot(&self, r: Request<GetSnapshotRequest>) -> Result<Response<GetSnapshotResponse>, Status> {
-        Ok(Response::new(self.get_snapshot(r.into_inner()).await?))
+        let r = r.into_inner();
+        let subject = r.snapshot_id.clone();
+        observed("GetSnapshot", &subject, false, self.get_snapshot(r)).await
     }
 
     async fn list_snapshots(
         &self,
         r: Request<ListSnapshotsRequest>,
     ) -> Result<Response<ListSnapshotsResponse>, Status> {
-        Ok(Response::new(self.list_snapshots(r.into_inner()).await?))
+        observed("ListSnapshots", "", false, self.list_snapshots(r.into_inner())).await
     }
 
     async fn controller_expand_volume(
         &self,
         r: Request<ControllerExpandVolumeRequest>,
     ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
-        Ok(Response::new(self.expand(r.into_inner()).await?))
+        let r = r.into_inner();
+        let subject = r.volume_id.clone();
+        observed("ControllerExpandVolume", &subject, true, self.expand(r)).await
     }
 
     async fn controller_get_volume(
         &self,
         r: Request<ControllerGetVolumeRequest>,
     ) -> Result<Response<ControllerGetVolumeResponse>, Status> {
-        Ok(Response::new(self.get(r.into_inner()).await?))
+        let r = r.into_inner();
+        let subject = r.volume_id.clone();
+        observed("ControllerGetVolume", &subject, false, self.get(r)).await
     }
 
     async fn controller_modify_volume(
         &self,
         r: Request<ControllerModifyVolumeRequest>,
     ) -> Result<Response<ControllerModifyVolumeResponse>, Status> {
-        Ok(Response::new(self.modify(r.into_inner()).await?))
+        let r = r.into_inner();
+        let subject = r.volume_id.clone();
+        observed("ControllerModifyVolume", &subject, true, self.modify(r)).await
     }
 }
 

@@ -155,13 +155,31 @@ impl LoggingFormat {
     }
 }
 
-/// Logs to stderr at `info`, or as `RUST_LOG` says, in `format`; text has
-/// terminal colours only when stderr is a terminal (journald and log files
-/// get plain text).
-pub fn init_logging(format: LoggingFormat) {
+/// The log level of a klog verbosity (`-v`/`--v`, which the Go driver's
+/// manifests pass): up to 3 `info`, 4 and 5 `debug`, above `trace` (klog's
+/// convention: 4 is debug, 5 and more trace-level detail).
+pub fn level_of(verbosity: u8) -> &'static str {
+    match verbosity {
+        0..=3 => "info",
+        4..=5 => "debug",
+        _ => "trace",
+    }
+}
+
+/// Logs to stderr at the level of `verbosity` ([`level_of`]) plus the
+/// `extra` filter directives (e.g. `aws_smithy_runtime=debug`), or as
+/// `RUST_LOG` says, in `format`; text has terminal colours only when stderr
+/// is a terminal (journald and log files get plain text).
+pub fn init_logging(format: LoggingFormat, verbosity: u8, extra: &[&str]) {
     use std::io::IsTerminal;
+    let directives = [level_of(verbosity)]
+        .iter()
+        .chain(extra)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(",");
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| directives.into()))
         .with_writer(std::io::stderr);
     match format {
         LoggingFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
@@ -172,6 +190,12 @@ pub fn init_logging(format: LoggingFormat) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn maps_klog_verbosity_to_levels() {
+        let levels: Vec<&str> = [0, 2, 3, 4, 5, 6, 10].into_iter().map(level_of).collect();
+        assert_eq!(levels, ["info", "info", "info", "debug", "debug", "trace", "trace"]);
+    }
 
     #[test]
     fn parses_logging_formats() {

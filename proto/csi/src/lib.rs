@@ -12,6 +12,7 @@ pub mod connection;
 pub mod endpoint;
 pub mod inflight;
 pub mod metrics_http;
+pub mod observed;
 
 /// Package `csi.v1`, generated at build time from `csi.proto`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

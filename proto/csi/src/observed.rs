@@ -1,0 +1,33 @@
+//! The one log line of a CSI RPC, the same for both services.
+
+use std::future::Future;
+use std::time::Instant;
+
+use tonic::{Response, Status};
+
+/// Runs one RPC and logs its outcome: every failure at warn, with its gRPC
+/// code and cause; a `mutating` RPC that succeeds once at info. Both carry
+/// `subject` (the volume id, or a new volume's or snapshot's name) and the
+/// latency in milliseconds. Request strings are logged escaped (`Debug`);
+/// nothing else of the request is logged, so its secrets never are.
+///
+/// # Errors
+/// The call's error, as its gRPC status.
+pub async fn observed<T, E: Into<Status>>(
+    rpc: &'static str,
+    subject: &str,
+    mutating: bool,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<Response<T>, Status> {
+    let started = Instant::now();
+    let result = call.await.map_err(Into::into);
+    let latency_ms = started.elapsed().as_millis();
+    match &result {
+        Err(status) => {
+            tracing::warn!(rpc, ?subject, code = ?status.code(), cause = ?status.message(), latency_ms, "failed");
+        }
+        Ok(_) if mutating => tracing::info!(rpc, ?subject, latency_ms, "done"),
+        Ok(_) => {}
+    }
+    result.map(Response::new)
+}
