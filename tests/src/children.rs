@@ -33,23 +33,6 @@ pub fn exited(pid: u32) -> bool {
     })
 }
 
-/// The first child of `pid` named `prefix…` (see [`children_named`]),
-/// looked for until it appears; panics after `within`. It spins rather than
-/// sleeps, so a caller can stop the child before it gets far.
-pub fn first_child_named(pid: u32, prefix: &str, within: Duration) -> u32 {
-    let deadline = std::time::Instant::now() + within;
-    loop {
-        if let Some(&child) = children_named(pid, prefix).first() {
-            return child;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no {prefix} child of {pid} within {within:?}"
-        );
-        std::thread::yield_now();
-    }
-}
-
 /// Samples [`children_named`] every millisecond on a thread until
 /// [`PeakChildren::stop`].
 pub struct PeakChildren {

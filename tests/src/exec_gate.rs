@@ -19,8 +19,9 @@ use nix::sys::fanotify::{
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-/// The tools' programs on Debian (`mkfs.ext2/3/4` are links to `mke2fs`).
-pub const MKFS: [&str; 2] = ["/usr/sbin/mke2fs", "/usr/sbin/mkfs.xfs"];
+/// The format tools (on Debian `mkfs.ext4` links to `mke2fs`, whose inode
+/// the mark lands on; the VM's initramfs holds a copy).
+pub const MKFS: [&str; 2] = ["/usr/sbin/mkfs.ext4", "/usr/sbin/mkfs.xfs"];
 /// `xfs_growfs`.
 pub const XFS_GROWFS: [&str; 1] = ["/usr/sbin/xfs_growfs"];
 

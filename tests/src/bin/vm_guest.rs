@@ -25,7 +25,8 @@ use ebs_csi_helper_proto::{
 use ebs_csi_linux::nvme::identify_controller;
 use ebs_csi_proto::v1::node_client::NodeClient;
 use ebs_csi_proto::v1::{NodeGetInfoRequest, NodeStageVolumeRequest, NodeUnstageVolumeRequest};
-use ebs_csi_tests::children::{children_named, first_child_named};
+use ebs_csi_tests::children::children_named;
+use ebs_csi_tests::exec_gate::{ExecGate, MKFS};
 use ebs_csi_tests::guest::{
     device_number, find_controller, mount_capability, mount_type, mounted_device, report, serial, volume_stats,
     wait_for_disk,
@@ -232,6 +233,7 @@ fn a_disk_replaced_while_its_format_waits() {
             })
         })
     };
+    let gate = ExecGate::watch(helper.id(), &MKFS);
     let first = call(stage_request(
         blocker,
         &blocker_device,
@@ -239,9 +241,8 @@ fn a_disk_replaced_while_its_format_waits() {
         FsType::Ext4,
         &[],
     ));
-    let mkfs = first_child_named(helper.id(), "mkfs", Duration::from_secs(20));
+    let mkfs = gate.caught(Duration::from_secs(20));
     let mkfs = rustix::process::Pid::from_raw(i32::try_from(mkfs).unwrap()).unwrap();
-    rustix::process::kill_process(mkfs, rustix::process::Signal::STOP).unwrap();
     let queued = call(stage_request(x, &x_device, &make_staging(x), FsType::Ext4, &[]));
     let probe = Request::Expand(ExpandRequest {
         volume_id: VolumeId::parse(x).unwrap(),
