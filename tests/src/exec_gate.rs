@@ -18,6 +18,7 @@ use nix::sys::fanotify::{
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use rustix::event::{PollFd, PollFlags};
 
 /// The format tools (on Debian `mkfs.ext4` links to `mke2fs`, whose inode
 /// the mark lands on; the VM's initramfs holds a copy).
@@ -55,9 +56,17 @@ impl ExecGate {
         let stopping = Arc::clone(&stop);
         let listener = std::thread::spawn(move || {
             let mut reported = false;
+            // Waits for events, looking at the stop flag every 50 ms.
+            let timeout = rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: 50_000_000,
+            };
             while !stopping.load(Ordering::SeqCst) {
+                let mut ready = [PollFd::new(&fanotify, PollFlags::IN)];
+                if !matches!(rustix::event::poll(&mut ready, Some(&timeout)), Ok(n) if n > 0) {
+                    continue;
+                }
                 let Ok(events) = fanotify.read_events() else {
-                    std::thread::sleep(Duration::from_millis(1));
                     continue;
                 };
                 for event in events {
