@@ -16,7 +16,7 @@ mod statistics;
 mod stats;
 
 use ebs_csi_proto::endpoint::LoggingFormat;
-use std::net::SocketAddr;
+use ebs_csi_proto::metrics_http::{self, MetricsFlags};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -88,10 +88,9 @@ struct Args {
     /// The sysfs mount.
     #[arg(long, default_value = "/sys")]
     sys_dir: PathBuf,
-    /// Serve Prometheus metrics (EBS performance statistics of the node's
-    /// volumes) on this TCP address, e.g. `0.0.0.0:3302` (default: none).
-    #[arg(long)]
-    http_endpoint: Option<SocketAddr>,
+    /// Prometheus metrics: EBS performance statistics of the node's volumes.
+    #[command(flatten)]
+    metrics: MetricsFlags,
     /// Log format: `text` (plain lines) or `json` (one object per line).
     #[arg(long, default_value = "text", value_parser = LoggingFormat::parse)]
     logging_format: LoggingFormat,
@@ -165,14 +164,14 @@ async fn main() -> anyhow::Result<()> {
     let socket = ebs_csi_proto::endpoint::socket_path(&args.endpoint)?;
     tracing::info!(node_id = %metadata.instance_id, zone = %metadata.availability_zone, instance_type = %metadata.instance_type, max_volumes, "node");
     let helper = Helper::new(args.helper_socket, Duration::from_secs(args.helper_timeout_seconds));
-    if let Some(address) = args.http_endpoint {
+    if args.metrics.http_endpoint.is_some() {
         let metrics = NodeMetrics::new(helper.clone(), args.sys_dir.clone(), metadata.instance_id.clone())?;
-        ebs_csi_proto::metrics_http::start(address, move || {
+        metrics_http::start(&args.metrics, move || {
             let metrics = metrics.clone();
             async move { metrics.render().await }
         })
         .await
-        .with_context(|| format!("--http-endpoint {address}"))?;
+        .context("--http-endpoint")?;
     }
     let finder = DeviceFinder::new(args.dev_dir, args.sys_dir, !args.device_poll_only);
     let node = NodeService::new(

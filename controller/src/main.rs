@@ -11,7 +11,7 @@ mod tags;
 mod volume_type;
 
 use ebs_csi_proto::endpoint::LoggingFormat;
-use std::net::SocketAddr;
+use ebs_csi_proto::metrics_http::{self, MetricsFlags};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,9 +67,8 @@ struct Args {
     /// Log the AWS SDK's requests and retries at debug level too.
     #[arg(long)]
     aws_sdk_debug_log: bool,
-    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:3301).
-    #[arg(long)]
-    http_endpoint: Option<SocketAddr>,
+    #[command(flatten)]
+    metrics: MetricsFlags,
 }
 
 /// Parses `2s`, `500ms` or a number of seconds.
@@ -106,16 +105,14 @@ async fn main() -> anyhow::Result<()> {
     }
     let config = loader.load().await;
     let metrics = ApiMetrics::new().context("metrics")?;
-    if let Some(address) = args.http_endpoint {
-        let served = metrics.clone();
-        ebs_csi_proto::metrics_http::start(address, move || {
-            let metrics = served.clone();
-            async move { metrics.render() }
-        })
-        .await
-        .with_context(|| format!("--http-endpoint {address}"))?;
-    }
-    let ec2 = Arc::new(SdkEc2::new(&config, metrics));
+    let served = metrics.clone();
+    metrics_http::start(&args.metrics, move || {
+        let metrics = served.clone();
+        async move { metrics.render() }
+    })
+    .await
+    .context("--http-endpoint")?;
+    let ec2 = Arc::new(SdkEc2::new(&config, metrics.clone()));
     let settings = Settings {
         cluster_id: args.k8s_tag_cluster_id,
         extra_tags: tags::parse_extra(&args.extra_tags)
@@ -126,6 +123,7 @@ async fn main() -> anyhow::Result<()> {
             ..BatchConfig::default()
         },
         modify_window: args.modify_volume_request_handler_timeout,
+        detach_pending: metrics.detach_pending(),
         ..Settings::default()
     };
     // The socket passed in (the Nomad job's systemd-socket-activate), or

@@ -1,24 +1,66 @@
-//! Prometheus metrics of EC2 calls, with the Go driver's names so
-//! existing dashboards keep working, served on `--http-endpoint`.
+//! Prometheus metrics of EC2 calls, with the Go driver's names and labels
+//! (`pkg/metrics` and `pkg/cloud/handlers.go` there) so existing dashboards
+//! and alerts keep working, served on `--http-endpoint`.
+
+mod detach;
 
 use std::future::Future;
 use std::time::Instant;
 
+use aws_sdk_ec2::config::interceptors::FinalizerInterceptorContextRef;
+use aws_sdk_ec2::config::{ConfigBag, Intercept, RuntimeComponents};
+use aws_smithy_runtime::client::retries::classifiers::run_classifiers_on_ctx;
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::orchestrator::Metadata;
+use aws_smithy_runtime_api::client::retries::classifiers::{RetryAction, RetryReason};
+use aws_smithy_types::retry::ErrorKind;
 use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
 
+pub use self::detach::DetachPending;
 use crate::ec2::Ec2Error;
 
-/// Per-API duration, errors and throttles.
+/// An EC2 call that failed: EC2's error code, for the `code` label, and the
+/// error the service acts on.
+#[derive(Debug)]
+pub struct Failure {
+    /// EC2's error code (EC2 API Reference, "Error codes"), or, where EC2
+    /// sent none, `Transport` or the kind of the error.
+    pub code: String,
+    /// The classified error.
+    pub error: Ec2Error,
+}
+
+/// A failure the client found itself (EC2 sent no error): its code is the
+/// service code it carries, else `Transport`.
+impl From<Ec2Error> for Failure {
+    fn from(error: Ec2Error) -> Self {
+        let code = match &error {
+            Ec2Error::Service { code, .. } => code.clone(),
+            _ => "Transport".to_owned(),
+        };
+        Self { code, error }
+    }
+}
+
+/// Per-API duration, errors and throttles, and the detachments that take
+/// long.
 #[derive(Clone, Debug)]
 pub struct ApiMetrics {
     registry: Registry,
     duration: HistogramVec,
     errors: IntCounterVec,
     throttles: IntCounterVec,
+    detach_pending: DetachPending,
 }
 
 impl ApiMetrics {
-    /// Registers the three metric families in a new registry.
+    /// Registers the metric families in a new registry:
+    /// `aws_ebs_csi_api_request_duration_seconds{request}` (successful calls
+    /// only, as the Go driver), `aws_ebs_csi_api_request_errors_total{request,
+    /// code}` (calls that failed after the SDK's retries),
+    /// `aws_ebs_csi_api_request_throttles_total{operation_name}` (every
+    /// throttled attempt, retried or not) and
+    /// `aws_ebs_csi_ec2_detach_pending_seconds_total` ([`DetachPending`]).
     ///
     /// # Errors
     /// A registration error (never for these fixed names).
@@ -33,53 +75,61 @@ impl ApiMetrics {
         )?;
         let errors = IntCounterVec::new(
             Opts::new("aws_ebs_csi_api_request_errors_total", "EC2 API request errors"),
-            &["request", "error"],
+            &["request", "code"],
         )?;
         let throttles = IntCounterVec::new(
-            Opts::new("aws_ebs_csi_api_request_throttles_total", "EC2 API requests throttled"),
-            &["request"],
+            Opts::new(
+                "aws_ebs_csi_api_request_throttles_total",
+                "EC2 API request attempts throttled",
+            ),
+            &["operation_name"],
         )?;
+        let detach_pending = DetachPending::default();
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(errors.clone()))?;
         registry.register(Box::new(throttles.clone()))?;
+        registry.register(Box::new(detach_pending.clone()))?;
         Ok(Self {
             registry,
             duration,
             errors,
             throttles,
+            detach_pending,
         })
     }
 
-    /// Runs one EC2 call, recording its duration and its outcome.
+    /// Runs one EC2 call (all its attempts), recording its duration if it
+    /// succeeds and its error code if it fails.
     pub async fn observe<T>(
         &self,
         request: &'static str,
-        call: impl Future<Output = Result<T, Ec2Error>>,
+        call: impl Future<Output = Result<T, Failure>>,
     ) -> Result<T, Ec2Error> {
         let start = Instant::now();
-        let result = call.await;
-        self.duration
-            .with_label_values(&[request])
-            .observe(start.elapsed().as_secs_f64());
-        if let Err(error) = &result {
-            let kind = match error {
-                Ec2Error::NotFound(_) => "NotFound",
-                Ec2Error::IdempotentParameterMismatch(_) => "IdempotentParameterMismatch",
-                Ec2Error::IncorrectState(_) => "IncorrectState",
-                Ec2Error::DeviceNameRefused(_) => "InvalidParameterValue",
-                Ec2Error::AttachmentLimitExceeded(_) => "AttachmentLimitExceeded",
-                Ec2Error::QuotaExceeded(_) => "QuotaExceeded",
-                Ec2Error::InvalidParameter(_) => "InvalidParameter",
-                Ec2Error::Throttled(_) => "RequestLimitExceeded",
-                Ec2Error::Transport(_) => "Transport",
-                Ec2Error::Service { .. } => "ServiceError",
-            };
-            self.errors.with_label_values(&[request, kind]).inc();
-            if matches!(error, Ec2Error::Throttled(_)) {
-                self.throttles.with_label_values(&[request]).inc();
+        match call.await {
+            Ok(out) => {
+                self.duration
+                    .with_label_values(&[request])
+                    .observe(start.elapsed().as_secs_f64());
+                Ok(out)
+            }
+            Err(Failure { code, error }) => {
+                self.errors.with_label_values(&[request, code.as_str()]).inc();
+                Err(error)
             }
         }
-        result
+    }
+
+    /// An SDK interceptor that counts each throttled attempt by operation,
+    /// as the SDK's own retry classifiers judge it.
+    pub fn throttle_counter(&self) -> ThrottleCounter {
+        ThrottleCounter(self.throttles.clone())
+    }
+
+    /// The tracker of detachments that take long, rendered with these
+    /// metrics.
+    pub fn detach_pending(&self) -> DetachPending {
+        self.detach_pending.clone()
     }
 
     /// The metrics in Prometheus text format.
@@ -88,5 +138,34 @@ impl ApiMetrics {
         // Encoding into a Vec cannot fail for well-formed families.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+/// Counts `aws_ebs_csi_api_request_throttles_total{operation_name}` after
+/// every attempt, where the Go driver's middleware does.
+#[derive(Debug)]
+pub struct ThrottleCounter(IntCounterVec);
+
+impl Intercept for ThrottleCounter {
+    fn name(&self) -> &'static str {
+        "ThrottleCounter"
+    }
+
+    fn read_after_attempt(
+        &self,
+        context: &FinalizerInterceptorContextRef<'_>,
+        runtime_components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let verdict = run_classifiers_on_ctx(runtime_components.retry_classifiers(), context.inner());
+        if let RetryAction::RetryIndicated(RetryReason::RetryableError {
+            kind: ErrorKind::ThrottlingError,
+            ..
+        }) = verdict
+        {
+            let operation = cfg.load::<Metadata>().map_or("unknown", Metadata::name);
+            self.0.with_label_values(&[operation]).inc();
+        }
+        Ok(())
     }
 }

@@ -119,15 +119,7 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
         "127.0.0.1:0",
     ])
     .await;
-    // The port the kernel chose, from the controller's log line.
-    let log = controller.process.log();
-    let metrics_address = log
-        .lines()
-        .find(|l| l.contains("serving metrics"))
-        .and_then(|l| l.split("address=").nth(1))
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no metrics address in:\n{log}"))
-        .to_owned();
+    let metrics_address = metrics_address(&controller);
     let request = create_request(
         "pvc-a",
         4,
@@ -270,10 +262,22 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
     let metrics = http_get(&metrics_address, "/metrics");
     for line in [
         "aws_ebs_csi_api_request_duration_seconds_count{request=\"CreateVolume\"} 3",
-        "aws_ebs_csi_api_request_errors_total{error=\"NotFound\",request=\"DeleteVolume\"} 1",
+        "aws_ebs_csi_api_request_errors_total{code=\"InvalidVolume.NotFound\",request=\"DeleteVolume\"} 1",
     ] {
         assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
     }
+}
+
+/// The port the kernel chose for `--http-endpoint 127.0.0.1:0`, from the
+/// controller's log line.
+fn metrics_address(controller: &Controller) -> String {
+    let log = controller.process.log();
+    log.lines()
+        .find(|l| l.contains("serving metrics"))
+        .and_then(|l| l.split("address=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no metrics address in:\n{log}"))
+        .to_owned()
 }
 
 fn http_get(address: &str, path: &str) -> String {
@@ -761,15 +765,50 @@ async fn the_nomad_controller_job_serves_nomads_socket_unprivileged() {
 /// cites its source there), over the wire: throttling the SDK's retries
 /// get through, a detach EC2 refuses because the volume is already
 /// available, a ClientToken reused with other parameters, and a clone made
-/// by CopyVolumes.
+/// by CopyVolumes. Each is counted in the metrics with EC2's error code,
+/// served over TLS (a certificate made by openssl, checked by curl).
 #[tokio::test(flavor = "multi_thread")]
 async fn ec2s_own_answers_are_survived_over_the_wire() {
+    let tls = tempfile::tempdir().unwrap();
+    let (cert, key) = (tls.path().join("cert.pem"), tls.path().join("key.pem"));
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-days",
+            "1",
+        ])
+        .args([
+            "-subj",
+            "/CN=ebs-csi-metrics",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+        ])
+        .args([&key, std::path::Path::new("-out"), &cert])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let (cert_arg, key_arg) = (cert.to_str().unwrap(), key.to_str().unwrap());
     let Setup {
         moto,
         mut client,
-        controller: _controller,
+        controller,
         _sandbox,
-    } = setup(&[]).await;
+    } = setup(&[
+        "--http-endpoint",
+        "127.0.0.1:0",
+        "--metrics-cert-file",
+        cert_arg,
+        "--metrics-key-file",
+        key_arg,
+    ])
+    .await;
     // Two throttled calls: the SDK's third attempt (adaptive mode) passes.
     moto.fault("throttle", 2);
     let volume = create(&mut client, "pvc-throttled", 2).await;
@@ -819,4 +858,35 @@ async fn ec2s_own_answers_are_survived_over_the_wire() {
     );
     let again = created(&mut client, request).await;
     assert_eq!(again.volume_id, clone.volume_id, "a repeat finds the clone");
+
+    let address = metrics_address(&controller);
+    let curl = |url: &str| {
+        std::process::Command::new("curl")
+            .args([
+                "--silent",
+                "--show-error",
+                "--fail",
+                "--max-time",
+                "10",
+                "--cacert",
+                cert_arg,
+                url,
+            ])
+            .output()
+            .unwrap()
+    };
+    let plain = curl(&format!("http://{address}/metrics"));
+    assert!(!plain.status.success(), "plain HTTP answered: {plain:?}");
+    let served = curl(&format!("https://{address}/metrics"));
+    assert!(served.status.success(), "{served:?}");
+    let metrics = String::from_utf8(served.stdout).unwrap();
+    for line in [
+        // Every throttled attempt, by operation, as the Go driver counts
+        // them: the two throttles hit the name lookup before CreateVolume.
+        "aws_ebs_csi_api_request_throttles_total{operation_name=\"DescribeVolumes\"} 2",
+        "aws_ebs_csi_api_request_errors_total{code=\"IncorrectState\",request=\"DetachVolume\"} 1",
+        "aws_ebs_csi_api_request_errors_total{code=\"IdempotentParameterMismatch\",request=\"CreateVolume\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    }
 }

@@ -19,7 +19,7 @@ use super::{
     Attachment, AttachmentState, CreateVolumeInput, Ec2, Ec2Error, Instance, Modification, ModificationState,
     ModifyVolumeInput, Selector, Snapshot, SnapshotState, Tags, Volume, VolumeHealth, VolumeState,
 };
-use crate::metrics::ApiMetrics;
+use crate::metrics::{ApiMetrics, Failure};
 
 /// The mutating APIs that get a retry partition of their own.
 const MUTATING: [&str; 10] = [
@@ -50,6 +50,7 @@ impl SdkEc2 {
             let conf = aws_sdk_ec2::config::Builder::from(config)
                 .retry_config(RetryConfig::adaptive())
                 .retry_partition(RetryPartition::new(format!("ebs-csi-{partition}")))
+                .interceptor(metrics.throttle_counter())
                 .build();
             Client::from_conf(conf)
         };
@@ -98,8 +99,8 @@ fn selector_filter(selector: Selector, id_filter: &str) -> Filter {
 }
 
 /// Maps an SDK error to [`Ec2Error`] by EC2 error code (EC2 API
-/// reference, "Error codes").
-fn classify<E, R>(error: SdkError<E, R>) -> Ec2Error
+/// reference, "Error codes"), keeping the code.
+fn classify<E, R>(error: SdkError<E, R>) -> Failure
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug + Send + Sync + 'static,
@@ -108,11 +109,11 @@ where
         error,
         SdkError::DispatchFailure(_) | SdkError::TimeoutError(_) | SdkError::ResponseError(_)
     ) {
-        return Ec2Error::Transport(aws_sdk_ec2::error::DisplayErrorContext(&error).to_string());
+        return Ec2Error::Transport(aws_sdk_ec2::error::DisplayErrorContext(&error).to_string()).into();
     }
     let code = error.code().unwrap_or_default().to_owned();
     let message = error.message().unwrap_or_default().to_owned();
-    match code.as_str() {
+    let classified = match code.as_str() {
         c if c.ends_with(".NotFound") || c.ends_with(".Malformed") => Ec2Error::NotFound(message),
         "IdempotentParameterMismatch" => Ec2Error::IdempotentParameterMismatch(message),
         "IncorrectState"
@@ -142,6 +143,10 @@ where
         }
         "" => Ec2Error::Transport(aws_sdk_ec2::error::DisplayErrorContext(&error).to_string()),
         _ => Ec2Error::Service { code, message },
+    };
+    Failure {
+        code: error.code().unwrap_or("Transport").to_owned(),
+        error: classified,
     }
 }
 
@@ -263,9 +268,11 @@ impl Ec2 for SdkEc2 {
                     .send()
                     .await
                     .map_err(classify)?;
-                out.volumes().first().map(volume).ok_or_else(|| Ec2Error::Service {
-                    code: "EmptyResponse".into(),
-                    message: "CopyVolumes returned no volume".into(),
+                out.volumes().first().map(volume).ok_or_else(|| {
+                    Failure::from(Ec2Error::Service {
+                        code: "EmptyResponse".into(),
+                        message: "CopyVolumes returned no volume".into(),
+                    })
                 })
             })
             .await

@@ -153,7 +153,11 @@ impl<E: Ec2> ControllerService<E> {
             self.settings.state_timeout,
             || async {
                 let volume = self.describe.volumes.get(volume_id).await?;
-                Ok(if volume.as_ref().and_then(|v| attachment_on(v, node_id)).is_some() {
+                let attachment = volume.as_ref().and_then(|v| attachment_on(v, node_id));
+                self.settings
+                    .detach_pending
+                    .track(volume_id, node_id, attachment.map(|a| a.state));
+                Ok(if attachment.is_some() {
                     Look::Again
                 } else {
                     Look::Done(())

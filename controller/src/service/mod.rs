@@ -29,6 +29,7 @@ use crate::ec2::Ec2;
 use crate::ec2::Tags;
 use crate::ec2::batch::{BatchConfig, Describer};
 use crate::error::ControllerError;
+use crate::metrics::DetachPending;
 use modify::Coalescer;
 use tokens::ClientTokens;
 use topology::ZonePicker;
@@ -52,6 +53,8 @@ pub struct Settings {
     pub attach_timeout: Duration,
     /// How long detach and modification waits last.
     pub state_timeout: Duration,
+    /// Where detachments being waited for are reported.
+    pub detach_pending: DetachPending,
 }
 
 impl Default for Settings {
@@ -64,6 +67,7 @@ impl Default for Settings {
             create_timeout: Duration::from_secs(300),
             attach_timeout: Duration::from_secs(90),
             state_timeout: Duration::from_secs(300),
+            detach_pending: DetachPending::default(),
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::ec2::batch::BatchConfig;
 use crate::ec2::model::{Behaviour, Model};
 use crate::ec2::{AttachmentState, VolumeState};
 use crate::error::ControllerError;
+use crate::metrics::DetachPending;
 
 const GIB: i64 = 1 << 30;
 
@@ -195,6 +196,48 @@ async fn unpublish_of_a_volume_not_attached_there_succeeds() {
         .await
         .unwrap();
     assert_eq!(model.calls("DetachVolume"), 3);
+}
+
+/// `aws_ebs_csi_ec2_detach_pending_seconds_total` carries a detachment
+/// while ControllerUnpublishVolume waits for it, and not after.
+#[tokio::test]
+async fn a_pending_detachment_is_reported_while_it_is_waited_for() {
+    let model = Arc::new(Model::new(Behaviour {
+        detach_delay: Duration::from_millis(1500),
+        ..Behaviour::default()
+    }));
+    model.add_instance("i-1", "us-east-1a");
+    let tracker = DetachPending::with_threshold(Duration::ZERO);
+    let service = Arc::new(ControllerService::new(
+        Arc::clone(&model),
+        Settings {
+            detach_pending: tracker.clone(),
+            ..Settings::default()
+        },
+    ));
+    let id = create(&service, "pvc-slow-detach").await;
+    service
+        .publish(publish(&id, "i-1", capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap();
+    let unpublishing = tokio::spawn({
+        let (service, id) = (Arc::clone(&service), id.clone());
+        async move {
+            let request = ControllerUnpublishVolumeRequest {
+                volume_id: id,
+                node_id: "i-1".into(),
+                ..Default::default()
+            };
+            service.unpublish(request).await
+        }
+    });
+    let series = format!(
+        r#"aws_ebs_csi_ec2_detach_pending_seconds_total{{attachment_state="detaching",instance_id="i-1",volume_id="{id}"}} "#
+    );
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(tracker.render().contains(&series), "{}", tracker.render());
+    unpublishing.await.unwrap().unwrap();
+    assert!(!tracker.render().contains(&id), "{}", tracker.render());
 }
 
 #[tokio::test]

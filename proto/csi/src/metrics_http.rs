@@ -1,10 +1,14 @@
 //! The `/metrics` endpoint both services serve (Prometheus text format
-//! 0.0.4 over HTTP/1.1, with hyper).
+//! 0.0.4 over HTTP/1.1 with hyper, or over TLS with rustls when given a
+//! certificate, as the Go driver's `--metrics-cert-file` and
+//! `--metrics-key-file`).
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -13,28 +17,91 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
-/// Binds `address` (a service's `--http-endpoint`) and serves `/metrics`
-/// there on a task of its own ([`serve`]).
+/// The flags of both services that say where and how `/metrics` is
+/// served (the Go driver's names).
+#[derive(Clone, Debug, clap::Args)]
+pub struct MetricsFlags {
+    /// Serve Prometheus metrics on this TCP address, e.g. `0.0.0.0:3301`
+    /// (default: none).
+    #[arg(long)]
+    pub http_endpoint: Option<SocketAddr>,
+    /// Serve metrics over TLS with this PEM certificate (the server's,
+    /// then any intermediates).
+    #[arg(long, requires_all = ["metrics_key_file", "http_endpoint"])]
+    pub metrics_cert_file: Option<PathBuf>,
+    /// The PEM private key (PKCS#8, PKCS#1 or SEC1) of `--metrics-cert-file`.
+    #[arg(long, requires = "metrics_cert_file")]
+    pub metrics_key_file: Option<PathBuf>,
+}
+
+/// Why `/metrics` could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsHttpError {
+    /// Binding the address failed.
+    #[error("binding {0}: {1}")]
+    Bind(SocketAddr, io::Error),
+    /// A PEM file could not be read or held no certificate or key.
+    #[error("{0}: {1}")]
+    Pem(PathBuf, rustls::pki_types::pem::Error),
+    /// rustls refused the certificate and key (e.g. they do not match).
+    #[error("TLS certificate and key: {0}")]
+    Tls(#[from] rustls::Error),
+}
+
+/// Binds `--http-endpoint`, if given, and serves `/metrics` there on a
+/// task of its own ([`serve`]), over TLS when a certificate is given.
 ///
 /// # Errors
-/// The error binding `address`.
-pub async fn start<F, R>(address: SocketAddr, render: F) -> io::Result<()>
+/// [`MetricsHttpError`]: the address cannot be bound, or the certificate or
+/// key cannot be read or used.
+pub async fn start<F, R>(flags: &MetricsFlags, render: F) -> Result<(), MetricsHttpError>
 where
     F: Fn() -> R + Clone + Send + Sync + 'static,
     R: Future<Output = String> + Send + 'static,
 {
-    let listener = TcpListener::bind(address).await?;
-    tracing::info!(address = %listener.local_addr()?, "serving metrics");
-    tokio::spawn(serve(listener, render));
+    let Some(address) = flags.http_endpoint else {
+        return Ok(());
+    };
+    let acceptor = match (&flags.metrics_cert_file, &flags.metrics_key_file) {
+        (Some(cert), Some(key)) => Some(acceptor(cert, key)?),
+        _ => None,
+    };
+    let listener = TcpListener::bind(address)
+        .await
+        .map_err(|e| MetricsHttpError::Bind(address, e))?;
+    let bound = listener.local_addr().map_err(|e| MetricsHttpError::Bind(address, e))?;
+    tracing::info!(address = %bound, tls = acceptor.is_some(), "serving metrics");
+    tokio::spawn(serve(listener, acceptor, render));
     Ok(())
 }
 
-/// Serves `GET /metrics` on `listener`, answering with what `render`
-/// produces for each request; any other method or path is 404. Runs until
-/// the task is dropped.
-pub async fn serve<F, R>(listener: TcpListener, render: F)
+/// A TLS acceptor for the certificate chain and key in these PEM files,
+/// with rustls's safe default protocol versions and no client
+/// authentication.
+fn acceptor(cert_file: &Path, key_file: &Path) -> Result<TlsAcceptor, MetricsHttpError> {
+    let pem = |path: &Path, e| MetricsHttpError::Pem(path.to_owned(), e);
+    let certs = CertificateDer::pem_file_iter(cert_file)
+        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
+        .map_err(|e| pem(cert_file, e))?;
+    let key = PrivateKeyDer::from_pem_file(key_file).map_err(|e| pem(key_file, e))?;
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Serves `GET /metrics` on `listener` (through `tls` when given),
+/// answering with what `render` produces for each request; any other
+/// method or path is 404. Runs until the task is dropped.
+pub async fn serve<F, R>(listener: TcpListener, tls: Option<TlsAcceptor>, render: F)
 where
     F: Fn() -> R + Clone + Send + Sync + 'static,
     R: Future<Output = String> + Send + 'static,
@@ -48,23 +115,40 @@ where
             }
         };
         let render = render.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |request: Request<Incoming>| {
-                let wanted = request.method() == Method::GET && request.uri().path() == "/metrics";
-                let body = wanted.then(&render);
-                async move {
-                    let response = match body {
-                        Some(body) => metrics(body.await),
-                        None => not_found(),
-                    };
-                    Ok::<_, Infallible>(response)
-                }
-            });
-            let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "metrics connection");
+            match tls {
+                None => answer(stream, render).await,
+                Some(tls) => match tls.accept(stream).await {
+                    Ok(stream) => answer(stream, render).await,
+                    Err(e) => tracing::debug!(error = %e, "metrics TLS handshake"),
+                },
             }
         });
+    }
+}
+
+/// Answers the HTTP/1.1 requests of one connection.
+async fn answer<S, F, R>(stream: S, render: F)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Fn() -> R + Clone + Send + Sync + 'static,
+    R: Future<Output = String> + Send + 'static,
+{
+    let service = service_fn(move |request: Request<Incoming>| {
+        let wanted = request.method() == Method::GET && request.uri().path() == "/metrics";
+        let body = wanted.then(&render);
+        async move {
+            let response = match body {
+                Some(body) => metrics(body.await),
+                None => not_found(),
+            };
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+    if let Err(e) = connection.await {
+        tracing::debug!(error = %e, "metrics connection");
     }
 }
 
@@ -95,7 +179,7 @@ mod tests {
     async fn exchange(pieces: &[&str]) -> String {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        tokio::spawn(serve(listener, || async { "up 1\n".to_owned() }));
+        tokio::spawn(serve(listener, None, || async { "up 1\n".to_owned() }));
         let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
         for piece in pieces {
             stream.write_all(piece.as_bytes()).await.unwrap();
