@@ -16,6 +16,8 @@ const FS_TYPE: &str = "csi.storage.k8s.io/fstype";
 const DEPRECATED_FS_TYPE: &str = "fstype";
 /// The Go driver's deprecated io2 Block Express switch (lowercased).
 const DEPRECATED_BLOCK_EXPRESS: &str = "blockexpress";
+/// Lets ControllerExpandVolume keep `iopsPerGB` (lowercased).
+const AUTO_IOPS_ON_MODIFY: &str = "allowautoiopsincreaseonmodify";
 /// The Go driver's deprecated spelling of `type` in a VolumeAttributesClass.
 const DEPRECATED_VOLUME_TYPE: &str = "volumetype";
 /// Keys the external-provisioner adds with `--extra-create-metadata`, and
@@ -39,6 +41,9 @@ pub struct VolumeParameters {
     pub iops_per_gib: Option<i32>,
     /// `allowAutoIOPSPerGBIncrease`.
     pub allow_iops_increase: bool,
+    /// `allowAutoIOPSIncreaseOnModify`: ControllerExpandVolume keeps
+    /// `iopsPerGB` (recorded in tags, as the Go driver does).
+    pub allow_iops_increase_on_modify: bool,
     /// `throughput`, MiB/s.
     pub throughput: Option<i32>,
     /// `encrypted`.
@@ -71,6 +76,7 @@ pub fn volume(parameters: &HashMap<String, String>) -> Result<VolumeParameters, 
             "iops" => p.iops = Some(number(key, value)?),
             "iopspergb" => p.iops_per_gib = Some(number(key, value)?),
             "allowautoiopspergbincrease" => p.allow_iops_increase = boolean(key, value)?,
+            AUTO_IOPS_ON_MODIFY => p.allow_iops_increase_on_modify = boolean(key, value)?,
             "throughput" => p.throughput = Some(number(key, value)?),
             "encrypted" => p.encrypted = boolean(key, value)?,
             "kmskeyid" => p.kms_key_id = Some((*value).clone()),
@@ -102,6 +108,13 @@ pub fn volume(parameters: &HashMap<String, String>) -> Result<VolumeParameters, 
         }
     }
     exclusive_iops(p.iops, p.iops_per_gib)?;
+    // Recorded on the volume for ControllerExpandVolume, as the Go driver.
+    if let Some(ratio) = p.iops_per_gib {
+        p.tags.insert(tags::IOPS_PER_GIB.to_owned(), ratio.to_string());
+    }
+    if p.allow_iops_increase_on_modify {
+        p.tags.insert(tags::AUTO_IOPS_ON_MODIFY.to_owned(), "true".to_owned());
+    }
     p.format = FormatOptions::from_map(parameters).map_err(ControllerError::InvalidArgument)?;
     p.format
         .validate(p.fs_type.unwrap_or(FsType::Ext4))
@@ -172,6 +185,8 @@ pub struct Mutation {
     pub iops_per_gib: Option<i32>,
     /// `throughput`.
     pub throughput: Option<i32>,
+    /// `allowAutoIOPSIncreaseOnModify`, when given.
+    pub allow_iops_increase_on_modify: Option<bool>,
     /// Tags to add or overwrite (`tagSpecification_N`).
     pub add_tags: Tags,
     /// Tag keys to remove (`tagDeletion_N`).
@@ -212,6 +227,7 @@ pub fn mutation(parameters: &HashMap<String, String>) -> Result<Mutation, Contro
             "iops" => m.iops = Some(number(key, value)?),
             "iopspergb" => m.iops_per_gib = Some(number(key, value)?),
             "throughput" => m.throughput = Some(number(key, value)?),
+            AUTO_IOPS_ON_MODIFY => m.allow_iops_increase_on_modify = Some(boolean(key, value)?),
             k if k.starts_with(tags::SPECIFICATION_PREFIX) => {
                 let (tag, tag_value) = tags::parse_specification(value, &fields)?;
                 m.add_tags.insert(tag, tag_value);
@@ -224,6 +240,23 @@ pub fn mutation(parameters: &HashMap<String, String>) -> Result<Mutation, Contro
         }
     }
     exclusive_iops(m.iops, m.iops_per_gib)?;
+    // The volume's record of its ratio follows the class: a new ratio
+    // replaces it, a fixed IOPS ends it.
+    match (m.iops_per_gib, m.iops) {
+        (Some(ratio), _) => {
+            m.add_tags.insert(tags::IOPS_PER_GIB.to_owned(), ratio.to_string());
+        }
+        (None, Some(_)) => m.delete_tags.push(tags::IOPS_PER_GIB.to_owned()),
+        (None, None) => {}
+    }
+    match m.allow_iops_increase_on_modify {
+        Some(true) => {
+            m.add_tags
+                .insert(tags::AUTO_IOPS_ON_MODIFY.to_owned(), "true".to_owned());
+        }
+        Some(false) => m.delete_tags.push(tags::AUTO_IOPS_ON_MODIFY.to_owned()),
+        None => {}
+    }
     Ok(m)
 }
 
@@ -380,7 +413,11 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!((m.volume_type.as_deref(), m.iops), (Some("io2"), Some(4000)));
-        assert_eq!(m.delete_tags, vec!["team".to_owned()]);
+        // A fixed IOPS ends the volume's recorded ratio.
+        assert_eq!(m.delete_tags, vec!["team".to_owned(), tags::IOPS_PER_GIB.to_owned()]);
+        let m = mutation(&map(&[("iopsPerGB", "50"), ("allowAutoIOPSIncreaseOnModify", "false")])).unwrap();
+        assert_eq!(m.add_tags.get(tags::IOPS_PER_GIB).map(String::as_str), Some("50"));
+        assert_eq!(m.delete_tags, vec![tags::AUTO_IOPS_ON_MODIFY.to_owned()]);
         assert!(mutation(&map(&[("encrypted", "true")])).is_err());
         // The Go driver's deprecated volumeType, and templates filled from
         // the external-resizer's --extra-modify-metadata keys.

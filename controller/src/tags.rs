@@ -22,6 +22,14 @@ pub const CLUSTER_NAME: &str = "ebs.csi.aws.com/cluster-name";
 pub const KUBERNETES_CLUSTER: &str = "KubernetesCluster";
 /// The console's name of a resource: `<cluster id>-dynamic-<CSI name>`.
 pub const NAME: &str = "Name";
+/// Holds a volume's `iopsPerGB`, the ratio ControllerExpandVolume keeps
+/// when [`AUTO_IOPS_ON_MODIFY`] is set (the Go driver's
+/// `<driver name>/IOPSPerGb`, `pkg/cloud/cloud.go` `initVariables`).
+pub const IOPS_PER_GIB: &str = "ebs.csi.aws.com/IOPSPerGb";
+/// `true`: ControllerExpandVolume raises the IOPS with the size to keep
+/// [`IOPS_PER_GIB`] (the Go driver's
+/// `<driver name>/AllowAutoIOPSIncreaseOnModify`).
+pub const AUTO_IOPS_ON_MODIFY: &str = "ebs.csi.aws.com/AllowAutoIOPSIncreaseOnModify";
 /// Prefix of the PVC/PV provenance tags (`…/pvc/name`, …).
 pub const CREATED_FOR_PREFIX: &str = "kubernetes.io/created-for/";
 
@@ -37,7 +45,15 @@ pub const DELETION_PREFIX: &str = "tagdeletion_";
 /// # Errors
 /// INVALID_ARGUMENT naming the key.
 pub fn check_key(key: &str) -> Result<(), ControllerError> {
-    let reserved = [VOLUME_NAME, SNAPSHOT_NAME, CLUSTER, CLUSTER_NAME].contains(&key)
+    let reserved = [
+        VOLUME_NAME,
+        SNAPSHOT_NAME,
+        CLUSTER,
+        CLUSTER_NAME,
+        IOPS_PER_GIB,
+        AUTO_IOPS_ON_MODIFY,
+    ]
+    .contains(&key)
         || [CLUSTER_ID_PREFIX, CREATED_FOR_PREFIX, "aws:"]
             .iter()
             .any(|p| key.starts_with(p));

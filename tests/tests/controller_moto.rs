@@ -697,6 +697,55 @@ async fn volumes_are_expanded_and_modified_in_one_call() {
     );
 }
 
+/// `allowAutoIOPSIncreaseOnModify` with `iopsPerGB`: the ratio is recorded
+/// on the volume in the Go driver's tags, and a resize raises the IOPS with
+/// the size in the same ModifyVolume.
+#[tokio::test(flavor = "multi_thread")]
+async fn iops_follow_the_size_when_the_class_allows_it() {
+    let Setup {
+        moto,
+        mut client,
+        controller: _controller,
+        _sandbox,
+    } = setup(&["--modify-volume-request-handler-timeout", "300ms"]).await;
+    let parameters = [("iopsPerGB", "400"), ("allowAutoIOPSIncreaseOnModify", "true")];
+    let volume = created(&mut client, create_request("pvc-ratio", 10, &parameters)).await;
+    let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
+    assert_eq!(xml_values(&xml, "iops"), vec!["4000"]);
+    assert_tags(
+        &xml,
+        &[
+            ("ebs.csi.aws.com/IOPSPerGb", "400"),
+            ("ebs.csi.aws.com/AllowAutoIOPSIncreaseOnModify", "true"),
+        ],
+    );
+    moto.start_recording();
+    let expand = ControllerExpandVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: 25 * GIB,
+            limit_bytes: 0,
+        }),
+        volume_capability: Some(mount()),
+        ..Default::default()
+    };
+    client.controller_expand_volume(expand).await.unwrap();
+    assert_eq!(moto.recorded("ModifyVolume"), 1);
+    let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
+    assert_eq!(xml_values(&xml, "size"), vec!["25"]);
+    assert_eq!(xml_values(&xml, "iops"), vec!["10000"]);
+    // A class with a fixed IOPS ends the ratio: the next resize keeps them.
+    let fixed = ControllerModifyVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        mutable_parameters: HashMap::from([("iops".to_owned(), "12000".to_owned())]),
+        ..Default::default()
+    };
+    client.controller_modify_volume(fixed).await.unwrap();
+    let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
+    assert!(!xml.contains("ebs.csi.aws.com/IOPSPerGb"), "{xml}");
+    assert_eq!(xml_values(&xml, "iops"), vec!["12000"]);
+}
+
 /// Creates and publishes `count` volumes at once; returns the Describe
 /// calls EC2 received.
 async fn describe_calls(batching: &str, count: usize) -> usize {

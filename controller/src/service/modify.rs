@@ -19,6 +19,7 @@ use super::{ControllerService, GIB, gib_ceil, required};
 use crate::ec2::{Ec2, Ec2Error, ModificationState, ModifyVolumeInput, Volume};
 use crate::error::ControllerError;
 use crate::parameters;
+use crate::tags;
 use crate::volume_type;
 
 type Waiter = oneshot::Sender<Result<(), Ec2Error>>;
@@ -126,6 +127,22 @@ fn without_no_ops(volume: &Volume, mut input: ModifyVolumeInput) -> ModifyVolume
     input
 }
 
+/// The IOPS that keep a volume's `iopsPerGB` at `size_gib`, if its tags
+/// allow that (`allowAutoIOPSIncreaseOnModify`), capped like at creation;
+/// never fewer than it has.
+///
+/// # Errors
+/// INVALID_ARGUMENT for a volume type unknown here.
+fn kept_iops_ratio(volume: &Volume, size_gib: i32) -> Result<Option<i32>, ControllerError> {
+    let allowed = volume.tags.get(tags::AUTO_IOPS_ON_MODIFY).is_some_and(|v| v == "true");
+    let ratio = volume.tags.get(tags::IOPS_PER_GIB).and_then(|v| v.parse::<i32>().ok());
+    let (true, Some(ratio)) = (allowed, ratio) else {
+        return Ok(None);
+    };
+    let iops = volume_type::lookup(&volume.volume_type)?.resolve_iops(size_gib, None, Some(ratio), true)?;
+    Ok(iops.filter(|new| volume.iops.is_none_or(|old| *new > old)))
+}
+
 impl<E: Ec2> ControllerService<E> {
     pub(super) async fn expand(
         &self,
@@ -160,16 +177,15 @@ impl<E: Ec2> ControllerService<E> {
                 range.limit_bytes
             )));
         }
-        let size = self
-            .apply(
-                &volume,
-                ModifyVolumeInput {
-                    size_gib: Some(size_gib),
-                    ..ModifyVolumeInput::default()
-                },
-            )
-            .await?
-            .max(size_gib);
+        let input = without_no_ops(
+            &volume,
+            ModifyVolumeInput {
+                size_gib: Some(size_gib),
+                iops: kept_iops_ratio(&volume, size_gib)?,
+                ..ModifyVolumeInput::default()
+            },
+        );
+        let size = self.apply(&volume, input).await?.max(size_gib);
         Ok(ControllerExpandVolumeResponse {
             capacity_bytes: i64::from(size) * GIB,
             node_expansion_required: !block,
@@ -205,8 +221,14 @@ impl<E: Ec2> ControllerService<E> {
         if !m.add_tags.is_empty() {
             self.ec2.create_tags(volume_id, m.add_tags).await?;
         }
-        if !m.delete_tags.is_empty() {
-            self.ec2.delete_tags(volume_id, m.delete_tags).await?;
+        // Only tags the volume has: deleting others would be a call for nothing.
+        let delete_tags: Vec<String> = m
+            .delete_tags
+            .into_iter()
+            .filter(|k| volume.tags.contains_key(k))
+            .collect();
+        if !delete_tags.is_empty() {
+            self.ec2.delete_tags(volume_id, delete_tags).await?;
         }
         Ok(ControllerModifyVolumeResponse {})
     }
