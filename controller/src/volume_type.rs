@@ -118,6 +118,25 @@ const TYPES: [VolumeType; 7] = [
     },
 ];
 
+/// The IOPS maximum an EC2 refusal names: "Volume iops of 200000 is too
+/// high; maximum is 80000" (gp3, io1), or for io2 "io2 volumes configured
+/// with greater than 64 TiB or 256K IOPS or 1000:1 IOPS:GB ratio are not
+/// supported" (the two messages the Go driver's `nonIo2ErrRegex` and
+/// `io2ErrRegex` in `pkg/cloud/cloud.go` are written for, quoted there).
+pub fn max_iops_in(message: &str) -> Option<i32> {
+    let lower = message.to_ascii_lowercase();
+    let leading_number = |text: &str| -> Option<i32> {
+        let digits: String = text.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    if lower.contains("volume iops") && lower.contains("is too high") {
+        return leading_number(lower.split("maximum is ").nth(1)?);
+    }
+    let before = lower.split("k iops").next().filter(|b| b.len() < lower.len())?;
+    let start = before.rfind(|c: char| !c.is_ascii_digit()).map_or(0, |i| i + 1);
+    leading_number(&before[start..])?.checked_mul(1000)
+}
+
 /// Looks a type up by EC2 name (case-insensitive).
 ///
 /// # Errors
@@ -146,6 +165,14 @@ impl VolumeType {
             )));
         }
         Ok(())
+    }
+
+    /// This type with another IOPS maximum (one EC2 named for a zone).
+    pub fn with_max_iops(mut self, max: i32) -> Self {
+        if let Some(limits) = self.iops.as_mut() {
+            limits.max = max;
+        }
+        self
     }
 
     /// The IOPS to provision for `size_gib`: `iops` if given, else
@@ -247,6 +274,26 @@ impl VolumeType {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The two refusals the Go driver's regexes are written for, and
+    /// others that name no maximum.
+    #[test]
+    fn finds_the_maximum_ec2_names() {
+        let gp3 = "Volume iops of 200000 is too high; maximum is 80000";
+        assert_eq!(max_iops_in(gp3), Some(80_000));
+        let io2 =
+            "io2 volumes configured with greater than 64 TiB or 256K IOPS or 1000:1 IOPS:GB ratio are not supported";
+        assert_eq!(max_iops_in(io2), Some(256_000));
+        assert_eq!(
+            max_iops_in("Iops to volume size ratio of 61 is too high; maximum is 50"),
+            None
+        );
+        assert_eq!(
+            max_iops_in("Request would have succeeded, but DryRun flag is set."),
+            None
+        );
+        assert_eq!(lookup("gp3").unwrap().with_max_iops(16_000).iops.unwrap().max, 16_000);
+    }
 
     #[test]
     fn checks_sizes_per_type() {

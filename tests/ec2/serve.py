@@ -33,7 +33,8 @@ from moto.ec2.models import ec2_backends
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import run_simple
 
-# name: (action or None for every action, HTTP status, code, message).
+# name: (action or None for every action, HTTP status, code, message); an
+# action with "+DryRun" matches only its DryRun=true requests.
 FAULTS = {
     # Request throttling for the Amazon EC2 API: beyond the bucket EC2
     # answers 503 RequestLimitExceeded (EC2 API Reference, "Error codes";
@@ -42,6 +43,12 @@ FAULTS = {
     # DetachVolume of a volume that is no longer attached: the message EC2
     # sends, as captured in kubernetes-sigs/aws-ebs-csi-driver#1801.
     "detach-available": ("DetachVolume", 400, "IncorrectState", "Volume '{VolumeId}' is in the 'available' state."),
+    # A dry-run CreateVolume asking more IOPS than the zone allows: EC2
+    # names the maximum (the message kubernetes-sigs/aws-ebs-csi-driver
+    # pkg/cloud/cloud.go quotes for its nonIo2ErrRegex). 16,000 is gp3's
+    # maximum before EC2 raised it to 80,000, still the Go driver's
+    # gp3FallbackMaxIOPS: a zone that has not caught up.
+    "iops-maximum": ("CreateVolume+DryRun", 400, "InvalidParameterValue", "Volume iops of {Iops} is too high; maximum is 16000"),
     # A ClientToken reused with other parameters (EC2 API Reference, "Error
     # codes", IdempotentParameterMismatch).
     "token-mismatch": (
@@ -119,6 +126,13 @@ def copy_volumes(app, environ, start_response, params):
     return [body]
 
 
+def targets(target, action, params):
+    if target is None:
+        return True
+    name, _, dry_run = target.partition("+")
+    return name == action and (not dry_run or params.get("DryRun") == ["true"])
+
+
 def middleware(app):
     def serve(environ, start_response):
         path = environ.get("PATH_INFO", "")
@@ -142,7 +156,7 @@ def middleware(app):
         action = params.get("Action", [""])[0]
         with lock:
             for name, (target, status, code, message) in FAULTS.items():
-                if armed.get(name) and target in (None, action):
+                if armed.get(name) and targets(target, action, params):
                     armed[name] -= 1
                     fields = {k: v[0] for k, v in params.items()}
                     return error(start_response, status, code, message.format(**fields))

@@ -744,6 +744,11 @@ async fn iops_follow_the_size_when_the_class_allows_it() {
     let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
     assert!(!xml.contains("ebs.csi.aws.com/IOPSPerGb"), "{xml}");
     assert_eq!(xml_values(&xml, "iops"), vec!["12000"]);
+    // moto's dry run names no maximum (DryRunOperation): the EC2 API
+    // Reference's 80,000 for gp3 stands.
+    let documented = created(&mut client, create_request("pvc-documented", 100, &[("iops", "20000")])).await;
+    let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &documented.volume_id)]);
+    assert_eq!(xml_values(&xml, "iops"), vec!["20000"]);
 }
 
 /// Creates and publishes `count` volumes at once; returns the Describe
@@ -907,6 +912,16 @@ async fn ec2s_own_answers_are_survived_over_the_wire() {
     );
     let again = created(&mut client, request).await;
     assert_eq!(again.volume_id, clone.volume_id, "a repeat finds the clone");
+
+    // The zone's IOPS maximum from a dry run's refusal caps what the class
+    // asks; a second volume uses the maximum found, with no dry run.
+    moto.fault("iops-maximum", 2);
+    for name in ["pvc-capped", "pvc-capped-again"] {
+        let capped = created(&mut client, create_request(name, 100, &[("iops", "20000")])).await;
+        let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &capped.volume_id)]);
+        assert_eq!(xml_values(&xml, "iops"), vec!["16000"]);
+    }
+    assert_eq!(moto.fault_left("iops-maximum"), 1, "one dry run for the zone and type");
 
     let address = metrics_address(&controller);
     let curl = |url: &str| {

@@ -320,6 +320,15 @@ pub trait Ec2: Send + Sync + 'static {
     fn delete_tags(&self, resource_id: &str, keys: Vec<String>) -> impl Future<Output = Result<(), Ec2Error>> + Send;
     /// `DescribeAvailabilityZones`: the region's zone names.
     fn describe_availability_zones(&self) -> impl Future<Output = Result<Vec<String>, Ec2Error>> + Send;
+    /// A `DryRun` CreateVolume of `volume_type` in `zone`, `size_gib` large,
+    /// asking for more IOPS than any type has: the maximum EC2's refusal
+    /// names ([`crate::volume_type::max_iops_in`]), `None` if it names none.
+    fn max_iops(
+        &self,
+        volume_type: &str,
+        zone: &str,
+        size_gib: i32,
+    ) -> impl Future<Output = Result<Option<i32>, Ec2Error>> + Send;
     /// A `DryRun` call that proves the credentials and endpoint work.
     fn dry_run(&self) -> impl Future<Output = Result<(), Ec2Error>> + Send;
 }

@@ -20,6 +20,7 @@ use super::{
     ModifyVolumeInput, Selector, Snapshot, SnapshotState, Tags, Volume, VolumeHealth, VolumeState,
 };
 use crate::metrics::{ApiMetrics, Failure};
+use crate::volume_type;
 
 /// The mutating APIs that get a retry partition of their own.
 const MUTATING: [&str; 10] = [
@@ -34,6 +35,10 @@ const MUTATING: [&str; 10] = [
     "CreateTags",
     "DeleteTags",
 ];
+
+/// The IOPS a maximum-discovering dry run asks for: more than any volume
+/// type has (io2 Block Express: 256,000; EC2 API Reference, CreateVolume).
+const PROBE_IOPS: i32 = 1_000_000;
 
 /// The EC2 client of the controller.
 #[derive(Clone, Debug)]
@@ -565,6 +570,28 @@ impl Ec2 for SdkEc2 {
                     .collect())
             })
             .await
+    }
+
+    async fn max_iops(&self, volume_type: &str, zone: &str, size_gib: i32) -> Result<Option<i32>, Ec2Error> {
+        let refused = self
+            .client("CreateVolume")
+            .create_volume()
+            .dry_run(true)
+            .availability_zone(zone)
+            .volume_type(sdk::VolumeType::from(volume_type))
+            .size(size_gib)
+            .iops(PROBE_IOPS)
+            .send()
+            .await;
+        // Not observed: the refusal is the answer, not an error.
+        match refused {
+            Ok(_) => Ok(None),
+            Err(e) if e.code() == Some("DryRunOperation") => Ok(None),
+            Err(e) if e.code().is_some_and(|c| c.starts_with("InvalidParameter")) => {
+                Ok(volume_type::max_iops_in(e.message().unwrap_or_default()))
+            }
+            Err(e) => Err(classify(e).error),
+        }
     }
 
     async fn dry_run(&self) -> Result<(), Ec2Error> {

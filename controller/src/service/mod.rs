@@ -5,6 +5,7 @@
 mod attach;
 mod capability;
 mod identity;
+mod iops_ceiling;
 mod modify;
 mod snapshots;
 mod tokens;
@@ -30,6 +31,7 @@ use crate::ec2::Tags;
 use crate::ec2::batch::{BatchConfig, Describer};
 use crate::error::ControllerError;
 use crate::metrics::DetachPending;
+use iops_ceiling::IopsCeilings;
 use modify::Coalescer;
 use tokens::ClientTokens;
 use topology::ZonePicker;
@@ -82,6 +84,7 @@ pub struct ControllerService<E: Ec2> {
     zones: ZonePicker,
     coalescer: Coalescer<E>,
     tokens: ClientTokens,
+    iops_ceilings: IopsCeilings,
 }
 
 impl<E: Ec2> ControllerService<E> {
@@ -96,6 +99,7 @@ impl<E: Ec2> ControllerService<E> {
             devices: DeviceAllocator::default(),
             zones: ZonePicker::default(),
             tokens: ClientTokens::default(),
+            iops_ceilings: IopsCeilings::default(),
         }
     }
 }

@@ -127,20 +127,12 @@ fn without_no_ops(volume: &Volume, mut input: ModifyVolumeInput) -> ModifyVolume
     input
 }
 
-/// The IOPS that keep a volume's `iopsPerGB` at `size_gib`, if its tags
-/// allow that (`allowAutoIOPSIncreaseOnModify`), capped like at creation;
-/// never fewer than it has.
-///
-/// # Errors
-/// INVALID_ARGUMENT for a volume type unknown here.
-fn kept_iops_ratio(volume: &Volume, size_gib: i32) -> Result<Option<i32>, ControllerError> {
+/// The `iopsPerGB` a volume's tags say to keep when it grows
+/// (`allowAutoIOPSIncreaseOnModify`).
+fn kept_iops_ratio(volume: &Volume) -> Option<i32> {
     let allowed = volume.tags.get(tags::AUTO_IOPS_ON_MODIFY).is_some_and(|v| v == "true");
     let ratio = volume.tags.get(tags::IOPS_PER_GIB).and_then(|v| v.parse::<i32>().ok());
-    let (true, Some(ratio)) = (allowed, ratio) else {
-        return Ok(None);
-    };
-    let iops = volume_type::lookup(&volume.volume_type)?.resolve_iops(size_gib, None, Some(ratio), true)?;
-    Ok(iops.filter(|new| volume.iops.is_none_or(|old| *new > old)))
+    ratio.filter(|_| allowed)
 }
 
 impl<E: Ec2> ControllerService<E> {
@@ -181,7 +173,7 @@ impl<E: Ec2> ControllerService<E> {
             &volume,
             ModifyVolumeInput {
                 size_gib: Some(size_gib),
-                iops: kept_iops_ratio(&volume, size_gib)?,
+                iops: self.iops_for_size(&volume, size_gib).await?,
                 ..ModifyVolumeInput::default()
             },
         );
@@ -201,6 +193,8 @@ impl<E: Ec2> ControllerService<E> {
         let volume = self.existing(volume_id).await?;
         let kind = volume_type::lookup(m.volume_type.as_deref().unwrap_or(&volume.volume_type))?;
         let iops = if m.iops.is_some() || m.iops_per_gib.is_some() {
+            kind.resolve_iops(volume.size_gib, m.iops, m.iops_per_gib, false)?;
+            let kind = self.iops_ceilings.in_zone(self.ec2.as_ref(), kind, &volume.zone).await;
             kind.resolve_iops(volume.size_gib, m.iops, m.iops_per_gib, false)?
         } else {
             None
@@ -231,6 +225,22 @@ impl<E: Ec2> ControllerService<E> {
             self.ec2.delete_tags(volume_id, delete_tags).await?;
         }
         Ok(ControllerModifyVolumeResponse {})
+    }
+
+    /// The IOPS that keep a volume's recorded `iopsPerGB` at `size_gib`
+    /// where its tags allow that, capped at the zone's maximum as at
+    /// creation; never fewer than it has.
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT for a volume type unknown here.
+    async fn iops_for_size(&self, volume: &Volume, size_gib: i32) -> Result<Option<i32>, ControllerError> {
+        let Some(ratio) = kept_iops_ratio(volume) else {
+            return Ok(None);
+        };
+        let kind = volume_type::lookup(&volume.volume_type)?;
+        let kind = self.iops_ceilings.in_zone(self.ec2.as_ref(), kind, &volume.zone).await;
+        let iops = kind.resolve_iops(size_gib, None, Some(ratio), true)?;
+        Ok(iops.filter(|new| volume.iops.is_none_or(|old| *new > old)))
     }
 
     /// Sends `input` through the coalescer and waits until the

@@ -203,8 +203,9 @@ impl<E: Ec2> ControllerService<E> {
             ));
         }
         let size_gib = size_gib(r.capacity_range.as_ref(), &kind, i64::from(at_least))?;
-        let iops = kind.resolve_iops(size_gib, p.iops, p.iops_per_gib, p.allow_iops_increase)?;
-        kind.check_throughput(p.throughput, iops)?;
+        // Checked against the documented limits before any EC2 call, then
+        // capped at the zone's maximum once the zone is known.
+        kind.resolve_iops(size_gib, p.iops, p.iops_per_gib, p.allow_iops_increase)?;
         let _guard = self.in_flight.acquire(name)?;
         let zone = match &source {
             Some(v) => {
@@ -217,6 +218,13 @@ impl<E: Ec2> ControllerService<E> {
                     .await?
             }
         };
+        let iops = if p.iops.is_some() || p.iops_per_gib.is_some() {
+            let kind = self.iops_ceilings.in_zone(self.ec2.as_ref(), kind, &zone).await;
+            kind.resolve_iops(size_gib, p.iops, p.iops_per_gib, p.allow_iops_increase)?
+        } else {
+            None
+        };
+        kind.check_throughput(p.throughput, iops)?;
         let mut volume_tags = tags::common(self.settings.cluster_id.as_deref(), name, &self.settings.extra_tags);
         volume_tags.extend(p.tags);
         volume_tags.insert(tags::VOLUME_NAME.to_owned(), name.to_owned());
