@@ -37,6 +37,8 @@ from hcl2.utils import SerializationOptions
 
 KUBERNETES_VERSION = "1.37"
 DEPLOY = Path(__file__).resolve().parent
+# Where the controller calls EC2 (each call observed under its action name).
+CONTROLLER_EC2 = DEPLOY.parent / "controller" / "src" / "ec2" / "sdk.rs"
 OVERLAYS = ["hardened", "standard"]
 AGENT_UID = 990
 AGENT_CONTAINER = "ebs-plugin"
@@ -374,7 +376,20 @@ def allows(statements, action, tags):
     )
 
 
+def check_iam_covers_the_controller():
+    """Every EC2 action the controller calls (each is observed under its
+    name in controller/src/ec2/sdk.rs) is in iam-policy.json."""
+    source = CONTROLLER_EC2.read_text()
+    called = set(re.findall(r'observe\(\s*"(\w+)"', source))
+    policy = json.loads((DEPLOY / "iam-policy.json").read_text())["Statement"]
+    granted = {a for s in policy for a in listed(s["Action"])}
+    for action in sorted(called):
+        if f"ec2:{action}" not in granted:
+            fail("iam-policy.json", f"does not grant ec2:{action}, which the controller calls")
+
+
 def check_iam():
+    check_iam_covers_the_controller()
     base = json.loads((DEPLOY / "iam-policy.json").read_text())["Statement"]
     for name, expected in ALLOWED.items():
         statements = base if name == "iam-policy.json" else base + json.loads((DEPLOY / name).read_text())["Statement"]
@@ -551,6 +566,7 @@ BREAKS = [
     ("kubernetes/examples/storageclass.yaml", "provisioner: ebs.csi.aws.com", "provisioner: ebs.csi.aws.org",
      "names driver"),
     ("iam-policy.json", '"ec2:DetachVolume",\n        "ec2:DeleteVolume"', '"ec2:DetachVolume"', "denies DeleteVolume on a volume of ebs-csi"),
+    ("iam-policy.json", '        "ec2:LockSnapshot",\n', "", "does not grant ec2:LockSnapshot"),
     ("iam-policy-migration.json", '"ec2:ModifyVolume"]', '"ec2:ModifyVolume", "ec2:DeleteVolume"]',
      "allows DeleteVolume on a volume of static"),
     ("iam-policy-migration.json", "kubernetes.io/created-for/pvc/name", "kubernetes.io/created-for/pv/name",

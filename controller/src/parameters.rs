@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use ebs_csi_helper_proto::{FormatOptions, FsType};
 
-use crate::ec2::Tags;
+use crate::ec2::{LockMode, SnapshotLock, Tags};
 use crate::error::ControllerError;
 use crate::tags;
 
@@ -122,13 +122,33 @@ pub fn volume(parameters: &HashMap<String, String>) -> Result<VolumeParameters, 
     Ok(p)
 }
 
-/// Parses CreateSnapshot (VolumeSnapshotClass) parameters: only
-/// `tagSpecification_N` with the snapshot template fields, and the
-/// snapshotter's metadata keys.
+/// CreateSnapshot's (VolumeSnapshotClass) parameters, parsed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotParameters {
+    /// Tags from `tagSpecification_N`.
+    pub tags: Tags,
+    /// `fastSnapshotRestoreAvailabilityZones`: zones (comma-separated in
+    /// the class) in which to enable fast snapshot restore.
+    pub fast_restore_zones: Vec<String>,
+    /// `lockMode`, `lockDuration`, `lockExpirationDate`,
+    /// `lockCoolOffPeriod`: an EBS snapshot lock.
+    pub lock: Option<SnapshotLock>,
+    /// `outpostArn`: store the snapshot on this Outpost.
+    pub outpost_arn: Option<String>,
+}
+
+/// Parses CreateSnapshot (VolumeSnapshotClass) parameters, with the Go
+/// driver's keys: `tagSpecification_N` with the snapshot template fields,
+/// the snapshotter's metadata keys, fast snapshot restore zones, a lock and
+/// an Outpost.
 ///
 /// # Errors
-/// INVALID_ARGUMENT for any other key or a bad specification.
-pub fn snapshot(parameters: &HashMap<String, String>) -> Result<Tags, ControllerError> {
+/// INVALID_ARGUMENT for any other key or a bad value, checked against
+/// EC2's ranges (EC2 API Reference, LockSnapshot): a lock needs `lockMode`
+/// `compliance` or `governance` and exactly one of `lockDuration` (1–36,500
+/// days) and `lockExpirationDate` (RFC 3339); `lockCoolOffPeriod` (1–72
+/// hours) is for compliance mode only.
+pub fn snapshot(parameters: &HashMap<String, String>) -> Result<SnapshotParameters, ControllerError> {
     let lower: HashMap<String, &String> = parameters.iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
     let field = |key: &str| lower.get(key).map(|v| (*v).clone()).unwrap_or_default();
     let fields = HashMap::from([
@@ -136,18 +156,100 @@ pub fn snapshot(parameters: &HashMap<String, String>) -> Result<Tags, Controller
         ("VolumeSnapshotNamespace", field(SNAPSHOT_NAMESPACE)),
         ("VolumeSnapshotContentName", field(SNAPSHOT_CONTENT_NAME)),
     ]);
-    let mut tags = Tags::new();
+    let mut p = SnapshotParameters::default();
     for (key, value) in &lower {
         match key.as_str() {
             SNAPSHOT_NAME | SNAPSHOT_NAMESPACE | SNAPSHOT_CONTENT_NAME => {}
+            LOCK_MODE | LOCK_DURATION | LOCK_EXPIRATION_DATE | LOCK_COOL_OFF_PERIOD => {}
+            "fastsnapshotrestoreavailabilityzones" => {
+                p.fast_restore_zones = value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|z| !z.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+            }
+            "outpostarn" => p.outpost_arn = Some(outpost_arn(value)?),
             k if k.starts_with(tags::SPECIFICATION_PREFIX) => {
                 let (tag, tag_value) = tags::parse_specification(value, &fields)?;
-                tags.insert(tag, tag_value);
+                p.tags.insert(tag, tag_value);
             }
             _ => return Err(unknown(key)),
         }
     }
-    Ok(tags)
+    p.lock = lock(&lower)?;
+    Ok(p)
+}
+
+const LOCK_MODE: &str = "lockmode";
+const LOCK_DURATION: &str = "lockduration";
+const LOCK_EXPIRATION_DATE: &str = "lockexpirationdate";
+const LOCK_COOL_OFF_PERIOD: &str = "lockcooloffperiod";
+
+/// The snapshot lock a class asks for, if any (see [`snapshot`]).
+fn lock(lower: &HashMap<String, &String>) -> Result<Option<SnapshotLock>, ControllerError> {
+    let invalid = |m: String| Err(ControllerError::InvalidArgument(m));
+    let mode = match lower.get(LOCK_MODE).map(|m| m.to_ascii_lowercase()).as_deref() {
+        None => {
+            let stray = [LOCK_DURATION, LOCK_EXPIRATION_DATE, LOCK_COOL_OFF_PERIOD]
+                .into_iter()
+                .find(|k| lower.contains_key(*k));
+            return match stray {
+                Some(key) => invalid(format!("{key} needs lockMode")),
+                None => Ok(None),
+            };
+        }
+        Some("compliance") => LockMode::Compliance,
+        Some("governance") => LockMode::Governance,
+        Some(other) => return invalid(format!("lockMode={other:?} is not compliance or governance")),
+    };
+    let in_range = |key: &str, range: std::ops::RangeInclusive<i32>| -> Result<Option<i32>, ControllerError> {
+        let Some(value) = lower.get(key) else {
+            return Ok(None);
+        };
+        match value.parse::<i32>() {
+            Ok(n) if range.contains(&n) => Ok(Some(n)),
+            _ => Err(ControllerError::InvalidArgument(format!(
+                "{key}={value:?} is outside EC2's {}–{}",
+                range.start(),
+                range.end()
+            ))),
+        }
+    };
+    let duration_days = in_range(LOCK_DURATION, 1..=36_500)?;
+    let cool_off_hours = in_range(LOCK_COOL_OFF_PERIOD, 1..=72)?;
+    let expires_at_seconds = match lower.get(LOCK_EXPIRATION_DATE) {
+        None => None,
+        Some(date) => Some(
+            aws_smithy_types::DateTime::from_str(date, aws_smithy_types::date_time::Format::DateTime)
+                .map_err(|e| ControllerError::InvalidArgument(format!("lockExpirationDate={date:?}: {e}")))?
+                .secs(),
+        ),
+    };
+    if duration_days.is_some() == expires_at_seconds.is_some() {
+        return invalid("a snapshot lock needs one of lockDuration and lockExpirationDate".to_owned());
+    }
+    if cool_off_hours.is_some() && mode != LockMode::Compliance {
+        return invalid("lockCoolOffPeriod applies only to lockMode compliance".to_owned());
+    }
+    Ok(Some(SnapshotLock {
+        mode,
+        duration_days,
+        expires_at_seconds,
+        cool_off_hours,
+    }))
+}
+
+/// An Outpost ARN, `arn:<partition>:outposts:<region>:<account>:outpost/op-…`
+/// (AWS Outposts User Guide, "Resource types").
+fn outpost_arn(value: &str) -> Result<String, ControllerError> {
+    let parts: Vec<&str> = value.splitn(6, ':').collect();
+    match parts.as_slice() {
+        ["arn", _, "outposts", _, _, resource] if resource.starts_with("outpost/op-") => Ok(value.to_owned()),
+        _ => Err(ControllerError::InvalidArgument(format!(
+            "outpostArn={value:?} is not an Outpost ARN (arn:aws:outposts:<region>:<account>:outpost/op-…)"
+        ))),
+    }
 }
 
 impl VolumeParameters {
@@ -394,7 +496,7 @@ mod tests {
 
     #[test]
     fn parses_snapshot_and_modify_parameters() {
-        let tags = snapshot(&map(&[
+        let p = snapshot(&map(&[
             (
                 "tagSpecification_1",
                 "source={{ .VolumeSnapshotNamespace }}/{{ .VolumeSnapshotName }}",
@@ -403,8 +505,59 @@ mod tests {
             ("csi.storage.k8s.io/volumesnapshot/namespace", "shop"),
         ]))
         .unwrap();
-        assert_eq!(tags.get("source").map(String::as_str), Some("shop/nightly"));
+        assert_eq!(p.tags.get("source").map(String::as_str), Some("shop/nightly"));
         assert!(snapshot(&map(&[("type", "gp3")])).is_err());
+        // The Go driver's other VolumeSnapshotClass keys.
+        let p = snapshot(&map(&[
+            ("fastSnapshotRestoreAvailabilityZones", "us-east-1a, us-east-1b"),
+            ("lockMode", "compliance"),
+            ("lockExpirationDate", "2030-01-01T00:00:00Z"),
+            ("lockCoolOffPeriod", "24"),
+            (
+                "outpostArn",
+                "arn:aws:outposts:us-east-1:123456789012:outpost/op-0123456789abcdef0",
+            ),
+        ]))
+        .unwrap();
+        assert_eq!(p.fast_restore_zones, vec!["us-east-1a", "us-east-1b"]);
+        assert_eq!(
+            p.lock,
+            Some(SnapshotLock {
+                mode: LockMode::Compliance,
+                duration_days: None,
+                expires_at_seconds: Some(1_893_456_000),
+                cool_off_hours: Some(24),
+            })
+        );
+        assert!(p.outpost_arn.is_some());
+        for (bad, why) in [
+            (
+                vec![("lockMode", "governance")],
+                "a snapshot lock needs one of lockDuration and lockExpirationDate",
+            ),
+            (
+                vec![
+                    ("lockMode", "governance"),
+                    ("lockDuration", "1"),
+                    ("lockCoolOffPeriod", "1"),
+                ],
+                "lockCoolOffPeriod applies only to lockMode compliance",
+            ),
+            (vec![("lockDuration", "1")], "lockduration needs lockMode"),
+            (
+                vec![("lockMode", "compliance"), ("lockDuration", "0")],
+                "lockduration=\"0\" is outside EC2's 1–36500",
+            ),
+            (
+                vec![("outpostArn", "op-1")],
+                "outpostArn=\"op-1\" is not an Outpost ARN (arn:aws:outposts:<region>:<account>:outpost/op-…)",
+            ),
+        ] {
+            match snapshot(&map(&bad)) {
+                Err(ControllerError::InvalidArgument(m)) => assert_eq!(m, why),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
         let m = mutation(&map(&[
             ("type", "io2"),
             ("iops", "4000"),

@@ -12,6 +12,9 @@ by werkzeug as moto_server serves it. The middleware:
   <CopyVolumesResponse><volumeSet>, the element names of aws-sdk-ec2's
   CopyVolumes deserializer; a ClientToken reused with other parameters is
   IdempotentParameterMismatch, as for every idempotent EC2 action;
+- answers EnableFastSnapshotRestores and LockSnapshot (EC2 API Reference),
+  keeping their state for DescribeFastSnapshotRestores and
+  DescribeLockedSnapshots, element names as aws-sdk-ec2 deserializes them;
 - injects faults armed with POST /_faults/<name>?count=N, each the next N
   calls of its action (all actions for `throttle`), from FAULTS below;
   GET /_faults/<name> answers how many are left to fire.
@@ -21,6 +24,7 @@ responses": <Response><Errors><Error><Code/><Message/></Error></Errors>
 <RequestID/></Response>.
 """
 
+import datetime
 import io
 import re
 import sys
@@ -30,6 +34,7 @@ from urllib.parse import parse_qs
 
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2.models import ec2_backends
+from moto.moto_api import recorder
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import run_simple
 
@@ -61,6 +66,10 @@ FAULTS = {
 
 armed = {}
 copies = {}
+# (snapshot id, zone): the time fast snapshot restore was enabled.
+fast_restores = {}
+# snapshot id: the LockSnapshot parameters.
+locks = {}
 lock = threading.Lock()
 
 
@@ -126,11 +135,114 @@ def copy_volumes(app, environ, start_response, params):
     return [body]
 
 
+ANSWERED_HERE = (
+    "CopyVolumes",
+    "EnableFastSnapshotRestores",
+    "DescribeFastSnapshotRestores",
+    "LockSnapshot",
+    "DescribeLockedSnapshots",
+)
+
+
 def targets(target, action, params):
     if target is None:
         return True
     name, _, dry_run = target.partition("+")
     return name == action and (not dry_run or params.get("DryRun") == ["true"])
+
+
+class Served:
+    """The parts of a request moto's recorder reads (moto_api/_internal/
+    recorder/models.py), so that the actions answered here are in
+    /moto-api/recorder's log like moto's own."""
+
+    def __init__(self, environ):
+        self.method = environ["REQUEST_METHOD"]
+        self.raw_path = environ.get("PATH_INFO", "/")
+        self.raw_url = f"http://{environ.get('HTTP_HOST', 'localhost')}{self.raw_path}"
+        self.headers = {k[5:].replace("_", "-").title(): v for k, v in environ.items() if k.startswith("HTTP_")}
+
+
+def respond(start_response, action, inner):
+    body = (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<{action}Response xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+        f"<requestId>{uuid.uuid4()}</requestId>{inner}</{action}Response>"
+    ).encode()
+    start_response("200 OK", [("Content-Type", "text/xml"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def snapshot_exists(environ, snapshot_id):
+    backend = ec2_backends[DEFAULT_ACCOUNT_ID][region_of(environ)]
+    return snapshot_id in backend.snapshots
+
+
+def fast_restore_item(snapshot_id, zone, since):
+    return (
+        f"<item><snapshotId>{snapshot_id}</snapshotId><availabilityZone>{zone}</availabilityZone>"
+        f"<state>enabling</state><stateTransitionReason>Client.UserInitiated</stateTransitionReason>"
+        f"<ownerId>{DEFAULT_ACCOUNT_ID}</ownerId><enablingTime>{since}</enablingTime></item>"
+    )
+
+
+def enable_fast_snapshot_restores(environ, start_response, params):
+    """EnableFastSnapshotRestores (EC2 API Reference): each snapshot and zone
+    lands in `successful` (state `enabling`) or, for a snapshot that does not
+    exist, in `unsuccessful` with InvalidSnapshot.NotFound."""
+    zones = [v[0] for k, v in sorted(params.items()) if k.startswith("AvailabilityZone.")]
+    snapshots = [v[0] for k, v in sorted(params.items()) if k.startswith("SourceSnapshotId.")]
+    successful, unsuccessful = "", ""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    for snapshot_id in snapshots:
+        if not snapshot_exists(environ, snapshot_id):
+            errors = "".join(
+                f"<item><availabilityZone>{zone}</availabilityZone><error><code>InvalidSnapshot.NotFound</code>"
+                f"<message>The snapshot '{snapshot_id}' does not exist.</message></error></item>"
+                for zone in zones
+            )
+            unsuccessful += (
+                f"<item><snapshotId>{snapshot_id}</snapshotId>"
+                f"<fastSnapshotRestoreStateErrorSet>{errors}</fastSnapshotRestoreStateErrorSet></item>"
+            )
+            continue
+        for zone in zones:
+            with lock:
+                since = fast_restores.setdefault((snapshot_id, zone), now)
+            successful += fast_restore_item(snapshot_id, zone, since)
+    inner = f"<successful>{successful}</successful><unsuccessful>{unsuccessful}</unsuccessful>"
+    return respond(start_response, "EnableFastSnapshotRestores", inner)
+
+
+def describe_fast_snapshot_restores(start_response):
+    with lock:
+        items = "".join(fast_restore_item(s, z, t) for (s, z), t in fast_restores.items())
+    return respond(start_response, "DescribeFastSnapshotRestores", f"<fastSnapshotRestoreSet>{items}</fastSnapshotRestoreSet>")
+
+
+def locked_item(snapshot_id, one):
+    mode = one["LockMode"]
+    state = "compliance-cooloff" if mode == "compliance" and "CoolOffPeriod" in one else mode
+    fields = {"lockDuration": "LockDuration", "coolOffPeriod": "CoolOffPeriod", "lockExpiresOn": "ExpirationDate"}
+    extra = "".join(f"<{tag}>{one[key]}</{tag}>" for tag, key in fields.items() if key in one)
+    return f"<snapshotId>{snapshot_id}</snapshotId><lockState>{state}</lockState>{extra}"
+
+
+def lock_snapshot(environ, start_response, params):
+    """LockSnapshot (EC2 API Reference): the lock's state, `compliance-cooloff`
+    while a compliance lock's cooling-off period runs."""
+    one = {k: v[0] for k, v in params.items()}
+    snapshot_id = one["SnapshotId"]
+    if not snapshot_exists(environ, snapshot_id):
+        return error(start_response, 400, "InvalidSnapshot.NotFound", f"The snapshot '{snapshot_id}' does not exist.")
+    with lock:
+        locks[snapshot_id] = one
+    return respond(start_response, "LockSnapshot", locked_item(snapshot_id, one))
+
+
+def describe_locked_snapshots(start_response):
+    with lock:
+        items = "".join(f"<item>{locked_item(s, one)}</item>" for s, one in locks.items())
+    return respond(start_response, "DescribeLockedSnapshots", f"<snapshotSet>{items}</snapshotSet>")
 
 
 def middleware(app):
@@ -160,8 +272,18 @@ def middleware(app):
                     armed[name] -= 1
                     fields = {k: v[0] for k, v in params.items()}
                     return error(start_response, status, code, message.format(**fields))
+        if action in ANSWERED_HERE:
+            recorder._record_request(Served(environ), body)
         if action == "CopyVolumes":
             return copy_volumes(app, environ, start_response, params)
+        if action == "EnableFastSnapshotRestores":
+            return enable_fast_snapshot_restores(environ, start_response, params)
+        if action == "DescribeFastSnapshotRestores":
+            return describe_fast_snapshot_restores(start_response)
+        if action == "LockSnapshot":
+            return lock_snapshot(environ, start_response, params)
+        if action == "DescribeLockedSnapshots":
+            return describe_locked_snapshots(start_response)
         return app(environ, start_response)
 
     return serve

@@ -483,6 +483,80 @@ async fn volumes_are_attached_and_detached() {
         .unwrap();
 }
 
+/// The Go driver's VolumeSnapshotClass keys for fast snapshot restore and
+/// snapshot locks, over the wire: EC2's own state shows both; a bad lock or
+/// a zone outside the region is INVALID_ARGUMENT with no snapshot made.
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshot_classes_lock_and_enable_fast_restore() {
+    let Setup {
+        mut client,
+        moto,
+        controller: _controller,
+        _sandbox,
+    } = setup(&[]).await;
+    let volume = create(&mut client, "pvc-locked", 3).await;
+    let request = |name: &str, parameters: &[(&str, &str)]| CreateSnapshotRequest {
+        source_volume_id: volume.volume_id.clone(),
+        name: name.into(),
+        parameters: parameters
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..Default::default()
+    };
+    moto.start_recording();
+    for (parameters, why) in [
+        (
+            vec![("fastSnapshotRestoreAvailabilityZones", "us-east-1q")],
+            "fastSnapshotRestoreAvailabilityZones: us-east-1q is not a zone of this region",
+        ),
+        (
+            vec![("lockMode", "forever")],
+            "lockMode=\"forever\" is not compliance or governance",
+        ),
+    ] {
+        let refused = client
+            .create_snapshot(request("snapshot-bad", &parameters))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument);
+        assert!(refused.message().contains(why), "{refused:?}");
+    }
+    assert_eq!(moto.recorded("CreateSnapshot"), 0);
+    let class = [
+        ("fastSnapshotRestoreAvailabilityZones", ZONE),
+        ("lockMode", "governance"),
+        ("lockDuration", "7"),
+    ];
+    let snapshot = client
+        .create_snapshot(request("snapshot-locked", &class))
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    let xml = moto.ec2(REGION, "DescribeLockedSnapshots", &[]);
+    assert_eq!(xml_values(&xml, "snapshotId"), vec![snapshot.snapshot_id.clone()]);
+    assert_eq!(xml_values(&xml, "lockState"), vec!["governance"]);
+    assert_eq!(xml_values(&xml, "lockDuration"), vec!["7"]);
+    let xml = moto.ec2(REGION, "DescribeFastSnapshotRestores", &[]);
+    assert_eq!(xml_values(&xml, "snapshotId"), vec![snapshot.snapshot_id.clone()]);
+    assert_eq!(xml_values(&xml, "availabilityZone"), vec![ZONE]);
+    // A repeat finds the snapshot; fast restore is asked again, no new lock.
+    moto.start_recording();
+    client
+        .create_snapshot(request("snapshot-locked", &class))
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            moto.recorded("LockSnapshot"),
+            moto.recorded("EnableFastSnapshotRestores")
+        ),
+        (0, 1)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn snapshots_are_created_listed_restored_and_deleted() {
     let Setup {

@@ -104,6 +104,41 @@ pub struct Snapshot {
     pub tags: Tags,
 }
 
+/// What CreateSnapshot is asked to make, besides the source volume.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CreateSnapshotInput {
+    /// Tags of the snapshot.
+    pub tags: Tags,
+    /// Store the snapshot on this Outpost (`OutpostArn`) rather than in
+    /// the Region.
+    pub outpost_arn: Option<String>,
+}
+
+/// An EBS snapshot lock (EC2 API `LockSnapshot`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotLock {
+    /// `compliance` (no one may unlock or shorten it once the cooling-off
+    /// period ends) or `governance`.
+    pub mode: LockMode,
+    /// How long it lasts, either days (`LockDuration`, 1–36,500)...
+    pub duration_days: Option<i32>,
+    /// ...or until this moment, seconds since the Unix epoch
+    /// (`ExpirationDate`).
+    pub expires_at_seconds: Option<i64>,
+    /// Compliance mode: hours during which it may still be changed
+    /// (`CoolOffPeriod`, 1–72).
+    pub cool_off_hours: Option<i32>,
+}
+
+/// Snapshot lock modes (EC2 API `LockMode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockMode {
+    /// `compliance`.
+    Compliance,
+    /// `governance`.
+    Governance,
+}
+
 /// Snapshot states (EC2 API `SnapshotState`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SnapshotState {
@@ -298,7 +333,24 @@ pub trait Ec2: Send + Sync + 'static {
     /// `DescribeInstances` by id (missing ids are absent from the result).
     fn describe_instances(&self, ids: Vec<String>) -> impl Future<Output = Result<Vec<Instance>, Ec2Error>> + Send;
     /// `CreateSnapshot`.
-    fn create_snapshot(&self, volume_id: &str, tags: Tags) -> impl Future<Output = Result<Snapshot, Ec2Error>> + Send;
+    fn create_snapshot(
+        &self,
+        volume_id: &str,
+        input: CreateSnapshotInput,
+    ) -> impl Future<Output = Result<Snapshot, Ec2Error>> + Send;
+    /// `LockSnapshot`.
+    fn lock_snapshot(
+        &self,
+        snapshot_id: &str,
+        lock: &SnapshotLock,
+    ) -> impl Future<Output = Result<(), Ec2Error>> + Send;
+    /// `EnableFastSnapshotRestores` of one snapshot in `zones`: the zones
+    /// EC2 lists as unsuccessful, each with its error message.
+    fn enable_fast_snapshot_restores(
+        &self,
+        snapshot_id: &str,
+        zones: &[String],
+    ) -> impl Future<Output = Result<Vec<String>, Ec2Error>> + Send;
     /// `DeleteSnapshot`.
     fn delete_snapshot(&self, snapshot_id: &str) -> impl Future<Output = Result<(), Ec2Error>> + Send;
     /// `DescribeSnapshots` (all pages, owned by this account).

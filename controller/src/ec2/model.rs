@@ -10,8 +10,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Attachment, AttachmentState, CreateVolumeInput, Ec2, Ec2Error, Instance, Modification, ModificationState,
-    ModifyVolumeInput, Selector, Snapshot, SnapshotState, Tags, Volume, VolumeHealth, VolumeState,
+    Attachment, AttachmentState, CreateSnapshotInput, CreateVolumeInput, Ec2, Ec2Error, Instance, Modification,
+    ModificationState, ModifyVolumeInput, Selector, Snapshot, SnapshotLock, SnapshotState, Tags, Volume, VolumeHealth,
+    VolumeState,
 };
 
 /// How the model behaves.
@@ -372,7 +373,7 @@ impl Ec2 for Model {
         Ok(ids.iter().filter_map(|id| state.instances.get(id).cloned()).collect())
     }
 
-    async fn create_snapshot(&self, volume_id: &str, tags: Tags) -> Result<Snapshot, Ec2Error> {
+    async fn create_snapshot(&self, volume_id: &str, input: CreateSnapshotInput) -> Result<Snapshot, Ec2Error> {
         let mut state = self.call("CreateSnapshot")?;
         let size_gib = state
             .volumes
@@ -386,10 +387,27 @@ impl Ec2 for Model {
             size_gib,
             state: SnapshotState::Pending,
             start_time_seconds: 0,
-            tags,
+            tags: input.tags,
         };
         state.snapshots.insert(snapshot.id.clone(), snapshot.clone());
         Ok(snapshot)
+    }
+
+    async fn lock_snapshot(&self, snapshot_id: &str, _lock: &SnapshotLock) -> Result<(), Ec2Error> {
+        let state = self.call("LockSnapshot")?;
+        state
+            .snapshots
+            .get(snapshot_id)
+            .map(drop)
+            .ok_or_else(|| Ec2Error::NotFound(format!("snapshot {snapshot_id}")))
+    }
+
+    async fn enable_fast_snapshot_restores(
+        &self,
+        _snapshot_id: &str,
+        _zones: &[String],
+    ) -> Result<Vec<String>, Ec2Error> {
+        self.call("EnableFastSnapshotRestores").map(|_| Vec::new())
     }
 
     async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), Ec2Error> {

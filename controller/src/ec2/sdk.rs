@@ -16,14 +16,15 @@ use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types::{self as sdk, Filter, ResourceType, Tag, TagSpecification};
 
 use super::{
-    Attachment, AttachmentState, CreateVolumeInput, Ec2, Ec2Error, Instance, Modification, ModificationState,
-    ModifyVolumeInput, Selector, Snapshot, SnapshotState, Tags, Volume, VolumeHealth, VolumeState,
+    Attachment, AttachmentState, CreateSnapshotInput, CreateVolumeInput, Ec2, Ec2Error, Instance, LockMode,
+    Modification, ModificationState, ModifyVolumeInput, Selector, Snapshot, SnapshotLock, SnapshotState, Tags, Volume,
+    VolumeHealth, VolumeState,
 };
 use crate::metrics::{ApiMetrics, Failure};
 use crate::volume_type;
 
 /// The mutating APIs that get a retry partition of their own.
-const MUTATING: [&str; 10] = [
+const MUTATING: [&str; 12] = [
     "CreateVolume",
     "CopyVolumes",
     "DeleteVolume",
@@ -32,6 +33,8 @@ const MUTATING: [&str; 10] = [
     "ModifyVolume",
     "CreateSnapshot",
     "DeleteSnapshot",
+    "LockSnapshot",
+    "EnableFastSnapshotRestores",
     "CreateTags",
     "DeleteTags",
 ];
@@ -417,7 +420,7 @@ impl Ec2 for SdkEc2 {
             .await
     }
 
-    async fn create_snapshot(&self, volume_id: &str, tags: Tags) -> Result<Snapshot, Ec2Error> {
+    async fn create_snapshot(&self, volume_id: &str, input: CreateSnapshotInput) -> Result<Snapshot, Ec2Error> {
         self.metrics
             .observe("CreateSnapshot", async {
                 let out = self
@@ -426,7 +429,8 @@ impl Ec2 for SdkEc2 {
                     .volume_id(volume_id)
                     // The Go driver's description (pkg/cloud/cloud.go, CreateSnapshot).
                     .description(format!("Created by AWS EBS CSI driver for volume {volume_id}"))
-                    .tag_specifications(tag_specification(ResourceType::Snapshot, &tags))
+                    .set_outpost_arn(input.outpost_arn)
+                    .tag_specifications(tag_specification(ResourceType::Snapshot, &input.tags))
                     .send()
                     .await
                     .map_err(classify)?;
@@ -439,6 +443,63 @@ impl Ec2 for SdkEc2 {
                     .set_tags(out.tags)
                     .build();
                 Ok(snapshot(&s))
+            })
+            .await
+    }
+
+    async fn lock_snapshot(&self, snapshot_id: &str, lock: &SnapshotLock) -> Result<(), Ec2Error> {
+        self.metrics
+            .observe("LockSnapshot", async {
+                self.client("LockSnapshot")
+                    .lock_snapshot()
+                    .snapshot_id(snapshot_id)
+                    .lock_mode(match lock.mode {
+                        LockMode::Compliance => sdk::LockMode::Compliance,
+                        LockMode::Governance => sdk::LockMode::Governance,
+                    })
+                    .set_lock_duration(lock.duration_days)
+                    .set_expiration_date(
+                        lock.expires_at_seconds
+                            .map(aws_sdk_ec2::primitives::DateTime::from_secs),
+                    )
+                    .set_cool_off_period(lock.cool_off_hours)
+                    .send()
+                    .await
+                    .map_err(classify)
+                    .map(drop)
+            })
+            .await
+    }
+
+    async fn enable_fast_snapshot_restores(
+        &self,
+        snapshot_id: &str,
+        zones: &[String],
+    ) -> Result<Vec<String>, Ec2Error> {
+        self.metrics
+            .observe("EnableFastSnapshotRestores", async {
+                let out = self
+                    .client("EnableFastSnapshotRestores")
+                    .enable_fast_snapshot_restores()
+                    .source_snapshot_ids(snapshot_id)
+                    .set_availability_zones(Some(zones.to_vec()))
+                    .send()
+                    .await
+                    .map_err(classify)?;
+                Ok(out
+                    .unsuccessful()
+                    .iter()
+                    .flat_map(|item| item.fast_snapshot_restore_state_errors())
+                    .map(|e| {
+                        let error = e.error();
+                        format!(
+                            "{}: {} {}",
+                            e.availability_zone().unwrap_or_default(),
+                            error.and_then(|e| e.code()).unwrap_or_default(),
+                            error.and_then(|e| e.message()).unwrap_or_default()
+                        )
+                    })
+                    .collect())
             })
             .await
     }

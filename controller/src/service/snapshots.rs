@@ -8,7 +8,7 @@ use ebs_csi_proto::v1::{
 
 use super::volumes::page;
 use super::{ControllerService, GIB, required};
-use crate::ec2::{Ec2, Ec2Error, Selector, Snapshot, SnapshotState};
+use crate::ec2::{CreateSnapshotInput, Ec2, Ec2Error, Selector, Snapshot, SnapshotLock, SnapshotState};
 use crate::error::ControllerError;
 use crate::{parameters, tags};
 
@@ -30,7 +30,16 @@ impl<E: Ec2> ControllerService<E> {
     pub(super) async fn snapshot(&self, r: CreateSnapshotRequest) -> Result<CreateSnapshotResponse, ControllerError> {
         let volume_id = required("source_volume_id", &r.source_volume_id)?;
         let name = required("name", &r.name)?;
-        let extra = parameters::snapshot(&r.parameters)?;
+        let p = parameters::snapshot(&r.parameters)?;
+        if !p.fast_restore_zones.is_empty() {
+            let region = self.zones.region_zones(self.ec2.as_ref()).await?;
+            if let Some(zone) = p.fast_restore_zones.iter().find(|z| !region.contains(z)) {
+                return Err(ControllerError::InvalidArgument(format!(
+                    "fastSnapshotRestoreAvailabilityZones: {zone} is not a zone of this region ({})",
+                    region.join(", ")
+                )));
+            }
+        }
         let _guard = self.in_flight.acquire(name)?;
         let existing = self
             .ec2
@@ -48,16 +57,51 @@ impl<E: Ec2> ControllerService<E> {
                 self.existing(volume_id).await?;
                 let mut snapshot_tags =
                     tags::common(self.settings.cluster_id.as_deref(), name, &self.settings.extra_tags);
-                snapshot_tags.extend(extra);
+                snapshot_tags.extend(p.tags);
                 snapshot_tags.insert(tags::SNAPSHOT_NAME.to_owned(), name.to_owned());
-                let snapshot = self.ec2.create_snapshot(volume_id, snapshot_tags).await?;
+                let input = CreateSnapshotInput {
+                    tags: snapshot_tags,
+                    outpost_arn: p.outpost_arn,
+                };
+                let snapshot = self.ec2.create_snapshot(volume_id, input).await?;
                 tracing::info!(snapshot_id = %snapshot.id, volume_id, name, "snapshot created");
+                if let Some(lock) = &p.lock {
+                    self.lock(&snapshot.id, lock).await?;
+                }
                 snapshot
             }
         };
+        // On every call, so that a retry finishes what a failure left.
+        if !p.fast_restore_zones.is_empty() {
+            let unsuccessful = self
+                .ec2
+                .enable_fast_snapshot_restores(&snapshot.id, &p.fast_restore_zones)
+                .await?;
+            if !unsuccessful.is_empty() {
+                return Err(ControllerError::Internal(format!(
+                    "fast snapshot restore of {} not enabled in {}",
+                    snapshot.id,
+                    unsuccessful.join("; ")
+                )));
+            }
+        }
         Ok(CreateSnapshotResponse {
             snapshot: Some(csi_snapshot(&snapshot)),
         })
+    }
+
+    /// Locks a snapshot just created; if EC2 refuses, deletes it again, so
+    /// that the retry makes one it can lock rather than finding one
+    /// without the lock the class asks for.
+    async fn lock(&self, snapshot_id: &str, lock: &SnapshotLock) -> Result<(), ControllerError> {
+        let Err(refused) = self.ec2.lock_snapshot(snapshot_id, lock).await else {
+            return Ok(());
+        };
+        tracing::warn!(snapshot_id, error = %refused, "lock refused; deleting the snapshot");
+        if let Err(e) = self.ec2.delete_snapshot(snapshot_id).await {
+            tracing::warn!(snapshot_id, error = %e, "deleting the snapshot that could not be locked");
+        }
+        Err(refused.into())
     }
 
     pub(super) async fn delete_snapshot(

@@ -62,10 +62,7 @@ impl ZonePicker {
         if !requisite.is_empty() {
             return Ok(self.rotate(&requisite).to_owned());
         }
-        let zones = self
-            .region_zones
-            .get_or_try_init(|| ec2.describe_availability_zones())
-            .await?;
+        let zones = self.region_zones(ec2).await?;
         let zones: Vec<&str> = zones.iter().map(String::as_str).collect();
         if zones.is_empty() {
             return Err(Ec2Error::Service {
@@ -74,6 +71,17 @@ impl ZonePicker {
             });
         }
         Ok(self.rotate(&zones).to_owned())
+    }
+
+    /// The region's available zones, listed once.
+    ///
+    /// # Errors
+    /// The DescribeAvailabilityZones error.
+    pub async fn region_zones<E: Ec2>(&self, ec2: &E) -> Result<&[String], Ec2Error> {
+        self.region_zones
+            .get_or_try_init(|| ec2.describe_availability_zones())
+            .await
+            .map(Vec::as_slice)
     }
 
     fn rotate<'a>(&self, zones: &[&'a str]) -> &'a str {
