@@ -53,6 +53,10 @@ struct Args {
     /// sources).
     #[arg(long)]
     availability_zone: Option<String>,
+    /// Availability zone id reported as `topology.k8s.aws/zone-id`, e.g.
+    /// `use1-az1` (default: from the metadata sources, where they have it).
+    #[arg(long)]
+    availability_zone_id: Option<String>,
     /// Instance type, for the attachment limit (default: from the metadata
     /// sources).
     #[arg(long)]
@@ -140,6 +144,7 @@ async fn main() -> anyhow::Result<()> {
     let flags = Found {
         instance_id: args.node_id,
         availability_zone: args.availability_zone,
+        availability_zone_id: args.availability_zone_id,
         instance_type: args.instance_type,
         ..Found::default()
     };

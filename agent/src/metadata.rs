@@ -30,6 +30,12 @@ pub struct NodeMetadata {
     pub instance_id: String,
     /// Availability zone, e.g. `us-east-1a`.
     pub availability_zone: String,
+    /// The zone's id, the same physical zone in every account, e.g.
+    /// `use1-az1`; reported as `topology.k8s.aws/zone-id` where known.
+    pub availability_zone_id: Option<String>,
+    /// The ARN of the AWS Outpost the instance runs on, if it does;
+    /// reported as the Go driver's Outpost segments.
+    pub outpost_arn: Option<String>,
     /// Instance type, e.g. `m5.large`.
     pub instance_type: String,
     /// Attached network interfaces (they share attachment slots on most
@@ -47,6 +53,10 @@ pub struct Found {
     pub instance_id: Option<String>,
     /// Availability zone.
     pub availability_zone: Option<String>,
+    /// Availability zone id.
+    pub availability_zone_id: Option<String>,
+    /// Outpost ARN.
+    pub outpost_arn: Option<String>,
     /// Instance type.
     pub instance_type: Option<String>,
     /// Attached network interfaces.
@@ -61,6 +71,8 @@ impl Found {
         Self {
             instance_id: self.instance_id.or(other.instance_id),
             availability_zone: self.availability_zone.or(other.availability_zone),
+            availability_zone_id: self.availability_zone_id.or(other.availability_zone_id),
+            outpost_arn: self.outpost_arn.or(other.outpost_arn),
             instance_type: self.instance_type.or(other.instance_type),
             network_interfaces: self.network_interfaces.or(other.network_interfaces),
             boot_volumes: self.boot_volumes.or(other.boot_volumes),
@@ -73,6 +85,8 @@ impl Found {
         Ok(NodeMetadata {
             instance_id: self.instance_id.ok_or("instance id")?,
             availability_zone: self.availability_zone.ok_or("availability zone")?,
+            availability_zone_id: self.availability_zone_id,
+            outpost_arn: self.outpost_arn,
             instance_type: self.instance_type.ok_or("instance type")?,
             network_interfaces: self.network_interfaces.unwrap_or(1),
             boot_volumes: self.boot_volumes.unwrap_or(0),

@@ -69,6 +69,8 @@ async fn dmi_completes_with_the_zone_flag_and_fails_without_it() {
         NodeMetadata {
             instance_id: "i-0af01c0123456789a".into(),
             availability_zone: "eu-west-1c".into(),
+            availability_zone_id: None,
+            outpost_arn: None,
             instance_type: "m5.large".into(),
             network_interfaces: 1,
             boot_volumes: 0,

@@ -19,7 +19,9 @@ use ebs_csi_proto::v1::{
     NodeStageVolumeResponse, NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse, NodeUnstageVolumeRequest,
     NodeUnstageVolumeResponse, Topology,
 };
-use ebs_csi_proto::{TOPOLOGY_KEY_OS, TOPOLOGY_KEY_WELL_KNOWN_ZONE, TOPOLOGY_KEY_ZONE};
+use ebs_csi_proto::{
+    TOPOLOGY_KEY_OS, TOPOLOGY_KEY_WELL_KNOWN_ZONE, TOPOLOGY_KEY_ZONE, TOPOLOGY_KEY_ZONE_ID, outpost_segments,
+};
 use tonic::{Request, Response, Status};
 
 use crate::discovery::DeviceFinder;
@@ -321,7 +323,23 @@ impl Node for NodeService {
                     (TOPOLOGY_KEY_WELL_KNOWN_ZONE.to_owned(), zone.clone()),
                     (TOPOLOGY_KEY_OS.to_owned(), std::env::consts::OS.to_owned()),
                 ]
-                .into(),
+                .into_iter()
+                .chain(
+                    self.metadata
+                        .availability_zone_id
+                        .clone()
+                        .map(|id| (TOPOLOGY_KEY_ZONE_ID.to_owned(), id)),
+                )
+                .chain(
+                    self.metadata
+                        .outpost_arn
+                        .as_deref()
+                        .and_then(outpost_segments)
+                        .into_iter()
+                        .flatten()
+                        .map(|(k, v)| (k.to_owned(), v)),
+                )
+                .collect(),
             }),
         }))
     }

@@ -41,8 +41,9 @@ struct Args {
     /// AWS region (default: AWS_REGION, the profile, or IMDS).
     #[arg(long)]
     region: Option<String>,
-    /// Tags added to every volume and snapshot: key=value,key2=value2.
-    #[arg(long, default_value = "")]
+    /// Tags added to every volume and snapshot: key=value,key2=value2
+    /// (also as the Go driver's deprecated `--extra-volume-tags`).
+    #[arg(long, default_value = "", alias = "extra-volume-tags")]
     extra_tags: String,
     /// Cluster id: tags resources kubernetes.io/cluster/<id>=owned.
     #[arg(long)]

@@ -16,6 +16,9 @@ const FS_TYPE: &str = "csi.storage.k8s.io/fstype";
 const DEPRECATED_FS_TYPE: &str = "fstype";
 /// The Go driver's deprecated io2 Block Express switch (lowercased).
 const DEPRECATED_BLOCK_EXPRESS: &str = "blockexpress";
+/// Holds ControllerPublishVolume until the volume is initialized
+/// (lowercased; also the volume-context key that carries it there).
+pub const BLOCK_ATTACH_UNTIL_INITIALIZED: &str = "blockattachuntilinitialized";
 /// Lets ControllerExpandVolume keep `iopsPerGB` (lowercased).
 const AUTO_IOPS_ON_MODIFY: &str = "allowautoiopsincreaseonmodify";
 /// The Go driver's deprecated spelling of `type` in a VolumeAttributesClass.
@@ -44,6 +47,9 @@ pub struct VolumeParameters {
     /// `allowAutoIOPSIncreaseOnModify`: ControllerExpandVolume keeps
     /// `iopsPerGB` (recorded in tags, as the Go driver does).
     pub allow_iops_increase_on_modify: bool,
+    /// `blockAttachUntilInitialized`: ControllerPublishVolume waits until
+    /// the volume is initialized from its snapshot.
+    pub block_attach_until_initialized: bool,
     /// `throughput`, MiB/s.
     pub throughput: Option<i32>,
     /// `encrypted`.
@@ -77,6 +83,7 @@ pub fn volume(parameters: &HashMap<String, String>) -> Result<VolumeParameters, 
             "iopspergb" => p.iops_per_gib = Some(number(key, value)?),
             "allowautoiopspergbincrease" => p.allow_iops_increase = boolean(key, value)?,
             AUTO_IOPS_ON_MODIFY => p.allow_iops_increase_on_modify = boolean(key, value)?,
+            BLOCK_ATTACH_UNTIL_INITIALIZED => p.block_attach_until_initialized = boolean(key, value)?,
             "throughput" => p.throughput = Some(number(key, value)?),
             "encrypted" => p.encrypted = boolean(key, value)?,
             "kmskeyid" => p.kms_key_id = Some((*value).clone()),

@@ -147,8 +147,15 @@ pub fn mkfs_command(fs: FsType, options: &FormatOptions) -> (Tool, Vec<String>) 
                     args.extend([flag.to_owned(), value.to_string()]);
                 }
             }
-            if options.ext4_bigalloc {
-                args.extend(["-O".into(), "bigalloc".into()]);
+            let features: Vec<&str> = [
+                (options.ext4_bigalloc, "bigalloc"),
+                (options.ext4_encryption, "encrypt"),
+            ]
+            .into_iter()
+            .filter_map(|(on, feature)| on.then_some(feature))
+            .collect();
+            if !features.is_empty() {
+                args.extend(["-O".into(), features.join(",")]);
             }
             match ext {
                 FsType::Ext2 => Tool::MkfsExt2,
@@ -214,12 +221,13 @@ mod tests {
             number_of_inodes: Some(1000),
             ext4_bigalloc: true,
             ext4_cluster_size: Some(65536),
+            ext4_encryption: true,
         };
         let (tool, args) = mkfs_command(FsType::Ext4, &options);
         assert_eq!(tool, Tool::MkfsExt4);
         assert_eq!(
             args.join(" "),
-            "-q -F -m0 -E nodiscard,lazy_itable_init=1,lazy_journal_init=1 -b 4096 -I 256 -i 16384 -N 1000 -C 65536 -O bigalloc -- /proc/self/fd/3"
+            "-q -F -m0 -E nodiscard,lazy_itable_init=1,lazy_journal_init=1 -b 4096 -I 256 -i 16384 -N 1000 -C 65536 -O bigalloc,encrypt -- /proc/self/fd/3"
         );
         let xfs = FormatOptions {
             block_size: Some(4096),

@@ -12,6 +12,9 @@ by werkzeug as moto_server serves it. The middleware:
   <CopyVolumesResponse><volumeSet>, the element names of aws-sdk-ec2's
   CopyVolumes deserializer; a ClientToken reused with other parameters is
   IdempotentParameterMismatch, as for every idempotent EC2 action;
+- answers DescribeVolumeStatus (EC2 API Reference), each volume `ok` and
+  initialized unless a test said otherwise with POST
+  /_initializing/<volume id>?progress=P&seconds=S (DELETE ends it);
 - answers EnableFastSnapshotRestores and LockSnapshot (EC2 API Reference),
   keeping their state for DescribeFastSnapshotRestores and
   DescribeLockedSnapshots, element names as aws-sdk-ec2 deserializes them;
@@ -70,6 +73,8 @@ copies = {}
 fast_restores = {}
 # snapshot id: the LockSnapshot parameters.
 locks = {}
+# volume id: (percent done, seconds left) while a test says it initializes.
+initializing = {}
 lock = threading.Lock()
 
 
@@ -137,6 +142,7 @@ def copy_volumes(app, environ, start_response, params):
 
 ANSWERED_HERE = (
     "CopyVolumes",
+    "DescribeVolumeStatus",
     "EnableFastSnapshotRestores",
     "DescribeFastSnapshotRestores",
     "LockSnapshot",
@@ -245,6 +251,36 @@ def describe_locked_snapshots(start_response):
     return respond(start_response, "DescribeLockedSnapshots", f"<snapshotSet>{items}</snapshotSet>")
 
 
+def describe_volume_status(environ, start_response, params):
+    """DescribeVolumeStatus (EC2 API Reference; moto does not implement it):
+    each volume `ok` with io-enabled passed, io-performance not-applicable,
+    and initialization-state completed (progress 100) or, while a test
+    says so, initializing with InitializationStatusDetails; a volume that
+    does not exist is InvalidVolume.NotFound."""
+    backend = ec2_backends[DEFAULT_ACCOUNT_ID][region_of(environ)]
+    ids = [v[0] for k, v in sorted(params.items()) if k.startswith("VolumeId.")] or list(backend.volumes)
+    items = ""
+    for volume_id in ids:
+        if volume_id not in backend.volumes:
+            return error(start_response, 400, "InvalidVolume.NotFound", f"The volume '{volume_id}' does not exist.")
+        with lock:
+            progress, seconds = initializing.get(volume_id, (100, 0))
+        state = "completed" if progress == 100 else "initializing"
+        items += (
+            f"<item><volumeId>{volume_id}</volumeId>"
+            f"<availabilityZone>{backend.volumes[volume_id].zone.name}</availabilityZone>"
+            "<volumeStatus><status>ok</status><details>"
+            "<item><name>io-enabled</name><status>passed</status></item>"
+            "<item><name>io-performance</name><status>not-applicable</status></item>"
+            f"<item><name>initialization-state</name><status>{state}</status></item>"
+            "</details></volumeStatus><eventsSet/><actionsSet/>"
+            "<initializationStatusDetails><initializationType>provisioned-rate</initializationType>"
+            f"<progress>{progress}</progress><estimatedTimeToCompleteInSeconds>{seconds}"
+            "</estimatedTimeToCompleteInSeconds></initializationStatusDetails></item>"
+        )
+    return respond(start_response, "DescribeVolumeStatus", f"<volumeStatusSet>{items}</volumeStatusSet>")
+
+
 def middleware(app):
     def serve(environ, start_response):
         path = environ.get("PATH_INFO", "")
@@ -259,6 +295,16 @@ def middleware(app):
                 return error(start_response, 400, "UnknownFault", name)
             with lock:
                 armed[name] = count
+            start_response("204 No Content", [])
+            return []
+        if path.startswith("/_initializing/"):
+            volume_id = path.removeprefix("/_initializing/")
+            query = parse_qs(environ.get("QUERY_STRING", ""))
+            with lock:
+                if environ["REQUEST_METHOD"] == "DELETE":
+                    initializing.pop(volume_id, None)
+                else:
+                    initializing[volume_id] = (int(query["progress"][0]), int(query["seconds"][0]))
             start_response("204 No Content", [])
             return []
         length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -280,6 +326,8 @@ def middleware(app):
             return enable_fast_snapshot_restores(environ, start_response, params)
         if action == "DescribeFastSnapshotRestores":
             return describe_fast_snapshot_restores(start_response)
+        if action == "DescribeVolumeStatus":
+            return describe_volume_status(environ, start_response, params)
         if action == "LockSnapshot":
             return lock_snapshot(environ, start_response, params)
         if action == "DescribeLockedSnapshots":

@@ -127,6 +127,21 @@ impl Moto {
         left.trim().parse().expect("a count")
     }
 
+    /// Makes DescribeVolumeStatus report `volume_id` initializing
+    /// (`progress` percent done, `seconds` left), or, with `None`,
+    /// initialized again.
+    pub fn set_initializing(&self, volume_id: &str, progress: Option<(u8, u32)>) {
+        let done = match progress {
+            Some((percent, seconds)) => self.http(
+                "POST",
+                &format!("/_initializing/{volume_id}?progress={percent}&seconds={seconds}"),
+                "",
+            ),
+            None => self.http("DELETE", &format!("/_initializing/{volume_id}"), ""),
+        };
+        done.unwrap_or_else(|| panic!("setting the initialization of {volume_id}"));
+    }
+
     /// Starts moto's request recorder.
     pub fn start_recording(&self) {
         self.http("POST", "/moto-api/recorder/reset-recording", "");
@@ -238,13 +253,28 @@ impl Controller {
     /// [`Controller::start`] for the sandbox at `dir` and the EC2 endpoint
     /// `endpoint`.
     pub fn start_in(dir: &Path, endpoint: &str, region: &str, args: &[&str]) -> Self {
+        Self::launch(dir, args, |command| aws_env(command, endpoint, region))
+    }
+
+    /// [`Controller::start`] with the endpoint in the Go driver's
+    /// `AWS_EC2_ENDPOINT` instead of the SDK's `AWS_ENDPOINT_URL_EC2`.
+    pub fn start_with_go_endpoint_variable(sandbox: &Sandbox, moto: &Moto, region: &str) -> Self {
+        Self::launch(sandbox.path(), &[], |command| {
+            aws_env(command, &moto.endpoint, region);
+            command
+                .env_remove("AWS_ENDPOINT_URL_EC2")
+                .env("AWS_EC2_ENDPOINT", &moto.endpoint);
+        })
+    }
+
+    fn launch(dir: &Path, args: &[&str], env: impl FnOnce(&mut Command)) -> Self {
         let socket = dir.join("controller.sock");
         let mut command = Command::new(binary("ebs-csi-controller"));
         command
             .arg("--endpoint")
             .arg(format!("unix://{}", socket.display()))
             .args(args);
-        aws_env(&mut command, endpoint, region);
+        env(&mut command);
         let process = spawn("controller", command, dir.join("controller.log"), &socket);
         Self { socket, process }
     }

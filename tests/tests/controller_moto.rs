@@ -825,6 +825,92 @@ async fn iops_follow_the_size_when_the_class_allows_it() {
     assert_eq!(xml_values(&xml, "iops"), vec!["20000"]);
 }
 
+/// `blockAttachUntilInitialized` over the wire: while DescribeVolumeStatus
+/// reports the volume initializing, ControllerPublishVolume is UNAVAILABLE
+/// with EC2's progress and nothing is attached; once it is done, the
+/// volume is attached.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_class_can_hold_the_attachment_until_the_volume_is_initialized() {
+    let Setup {
+        moto,
+        mut client,
+        controller: _controller,
+        _sandbox,
+    } = setup(&[]).await;
+    let request = create_request("pvc-held", 4, &[("blockAttachUntilInitialized", "true")]);
+    let volume = created(&mut client, request).await;
+    let node = moto.run_instance(REGION, ZONE);
+    let publish = ControllerPublishVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        node_id: node,
+        volume_capability: Some(mount()),
+        volume_context: volume.volume_context.clone(),
+        ..Default::default()
+    };
+    moto.set_initializing(&volume.volume_id, Some((42, 120)));
+    moto.start_recording();
+    let held = client.controller_publish_volume(publish.clone()).await.unwrap_err();
+    assert_eq!(held.code(), Code::Unavailable);
+    assert_eq!(
+        held.message(),
+        format!(
+            "volume {} is still being initialized from its snapshot, 42% done, about 120 s left; \
+             blockAttachUntilInitialized holds the attachment until it is done",
+            volume.volume_id
+        )
+    );
+    assert_eq!(moto.recorded("AttachVolume"), 0);
+    moto.set_initializing(&volume.volume_id, None);
+    let published = client.controller_publish_volume(publish).await.unwrap().into_inner();
+    assert!(published.publish_context.contains_key("devicePath"));
+}
+
+/// A requirement by zone id only (`topology.k8s.aws/zone-id`): the volume
+/// goes to the zone EC2 maps that id to in this account, and its topology
+/// carries the id.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zone_id_names_the_zone_over_the_wire() {
+    let Setup {
+        moto,
+        mut client,
+        controller: _controller,
+        _sandbox,
+    } = setup(&[]).await;
+    let zones = moto.ec2(REGION, "DescribeAvailabilityZones", &[("ZoneName.1", "us-east-1b")]);
+    let id = xml_values(&zones, "zoneId").pop().expect("us-east-1b's zone id");
+    let by_id = Topology {
+        segments: HashMap::from([("topology.k8s.aws/zone-id".to_owned(), id.clone())]),
+    };
+    let request = CreateVolumeRequest {
+        accessibility_requirements: Some(TopologyRequirement {
+            requisite: vec![by_id.clone()],
+            preferred: vec![by_id],
+        }),
+        ..create_request("pvc-by-zone-id", 2, &[])
+    };
+    let volume = created(&mut client, request).await;
+    let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
+    assert_eq!(xml_values(&xml, "availabilityZone"), vec!["us-east-1b"]);
+    let segments = &volume.accessible_topology[0].segments;
+    assert_eq!(segments.get("topology.k8s.aws/zone-id"), Some(&id));
+    assert_eq!(
+        segments.get("topology.kubernetes.io/zone").map(String::as_str),
+        Some("us-east-1b")
+    );
+}
+
+/// The Go driver's `AWS_EC2_ENDPOINT` names the EC2 endpoint too.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_go_drivers_endpoint_variable_is_honoured() {
+    let sandbox = Sandbox::new();
+    let moto = Moto::start();
+    let controller = Controller::start_with_go_endpoint_variable(&sandbox, &moto, REGION);
+    let mut client = controller.client().await;
+    let volume = create(&mut client, "pvc-endpoint", 1).await;
+    let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
+    assert_eq!(xml_values(&xml, "volumeId"), vec![volume.volume_id]);
+}
+
 /// Creates and publishes `count` volumes at once; returns the Describe
 /// calls EC2 received.
 async fn describe_calls(batching: &str, count: usize) -> usize {

@@ -77,6 +77,25 @@ fn this_agent_is_served_by_the_previous_helper() {
         matches!(refused, ClientError::Helper(HelperError::UnsupportedVersion(4))),
         "{refused:?}"
     );
+    // A field added since (ext4EncryptionSupport, version 5): refused, not
+    // ignored — the volume is not formatted without the feature asked for.
+    let blank = LoopVolume::create(sandbox.path(), "vol-0aaaaaaaaaaaaaaa2", 64);
+    let mut encrypted = stage_request(
+        "vol-0aaaaaaaaaaaaaaa2",
+        &blank.device,
+        &sandbox.mkdir("kubelet/staging-2"),
+        FsType::Ext4,
+        &[],
+    );
+    if let Request::Stage(stage) = &mut encrypted {
+        stage.format.ext4_encryption = true;
+    }
+    let refused = helper.call(encrypted).unwrap_err();
+    assert!(
+        matches!(refused, ClientError::Helper(HelperError::UnsupportedVersion(5))),
+        "{refused:?}"
+    );
+    assert_eq!(blank.signature(), "");
 
     let unpublish = Request::Unpublish(UnpublishRequest {
         target_path: path(&target),

@@ -832,7 +832,11 @@ async fn stage_honours_format_options_and_refuses_another_device_at_the_path() {
         volume_id: first.into(),
         staging_target_path: path(&node.staging),
         volume_capability: Some(mount("ext4", Mode::SingleNodeWriter)),
-        volume_context: HashMap::from([("blockSize".into(), "1024".into()), ("inodeSize".into(), "512".into())]),
+        volume_context: HashMap::from([
+            ("blockSize".into(), "1024".into()),
+            ("inodeSize".into(), "512".into()),
+            ("ext4EncryptionSupport".into(), "true".into()),
+        ]),
         ..Default::default()
     };
     node.client.node_stage_volume(request).await.unwrap();
@@ -847,6 +851,12 @@ async fn stage_honours_format_options_and_refuses_another_device_at_the_path() {
         superblock
             .lines()
             .any(|l| l.starts_with("Inode size:") && l.ends_with(" 512")),
+        "{superblock}"
+    );
+    assert!(
+        superblock
+            .lines()
+            .any(|l| l.starts_with("Filesystem features:") && l.split_whitespace().any(|f| f == "encrypt")),
         "{superblock}"
     );
     let err = node

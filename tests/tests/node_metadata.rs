@@ -53,6 +53,14 @@ fn start_imds_stub() -> (String, Arc<Mutex<Vec<String>>>) {
                 (Some("GET"), Some(_)) if !has_token => ("401 Unauthorized", "", ""),
                 (Some("GET"), Some("/latest/meta-data/instance-id")) => ("200 OK", "", "i-0fedcba9876543210"),
                 (Some("GET"), Some("/latest/meta-data/placement/availability-zone")) => ("200 OK", "", "eu-west-1b"),
+                (Some("GET"), Some("/latest/meta-data/placement/availability-zone-id")) => ("200 OK", "", "euw1-az3"),
+                // An instance on an Outpost (EC2 User Guide, "Instance
+                // metadata categories": outpost-arn).
+                (Some("GET"), Some("/latest/meta-data/outpost-arn")) => (
+                    "200 OK",
+                    "",
+                    "arn:aws:outposts:eu-west-1:111122223333:outpost/op-0123456789abcdef0",
+                ),
                 (Some("GET"), Some("/latest/meta-data/instance-type")) => ("200 OK", "", "m5.xlarge"),
                 (Some("GET"), Some("/latest/meta-data/network/interfaces/macs/")) => {
                     ("200 OK", "", "0a:00:00:00:00:01/\n0a:00:00:00:00:02/")
@@ -99,14 +107,23 @@ async fn node_info_comes_from_imds_when_flags_are_absent() {
     // m5.xlarge: EC2's MaximumEbsAttachments is 27 (shared); minus the
     // second ENI, the root and the two boot EBS volumes.
     assert_eq!(info.max_volumes_per_node, 23);
+    let segments = info.accessible_topology.unwrap().segments;
     assert_eq!(
-        info.accessible_topology
-            .unwrap()
-            .segments
-            .get("topology.kubernetes.io/zone")
-            .map(String::as_str),
+        segments.get("topology.kubernetes.io/zone").map(String::as_str),
         Some("eu-west-1b")
     );
+    assert_eq!(
+        segments.get("topology.k8s.aws/zone-id").map(String::as_str),
+        Some("euw1-az3")
+    );
+    for (key, value) in [
+        ("topology.ebs.csi.aws.com/outpost-id", "op-0123456789abcdef0"),
+        ("topology.ebs.csi.aws.com/account-id", "111122223333"),
+        ("topology.ebs.csi.aws.com/region", "eu-west-1"),
+        ("topology.ebs.csi.aws.com/partition", "aws"),
+    ] {
+        assert_eq!(segments.get(key).map(String::as_str), Some(value), "{key}");
+    }
     let log = log.lock().unwrap();
     assert!(
         log.iter().any(|l| l.starts_with("PUT /latest/api/token")),

@@ -17,11 +17,13 @@ pub struct ImdsError {
     message: String,
 }
 
-/// Reads the instance id, zone, type, network interfaces and boot volumes.
+/// Reads the instance id, zone, zone id, type, network interfaces and boot
+/// volumes.
 ///
 /// # Errors
 /// [`ImdsError`] naming the first required path that could not be read
-/// (the boot volumes are optional: only the root is reserved without them).
+/// (the zone id and the boot volumes are optional: without the one the
+/// node reports no zone id, without the other only the root is reserved).
 pub async fn read() -> Result<Found, ImdsError> {
     let client = Client::builder().build();
     let get = |path: &'static str| {
@@ -39,6 +41,16 @@ pub async fn read() -> Result<Found, ImdsError> {
     };
     let instance_id = get("/latest/meta-data/instance-id").await?;
     let availability_zone = get("/latest/meta-data/placement/availability-zone").await?;
+    let availability_zone_id = match get("/latest/meta-data/placement/availability-zone-id").await {
+        Ok(id) => Some(id),
+        Err(e) => {
+            tracing::warn!(error = %e, "zone id unknown: topology.k8s.aws/zone-id is not reported");
+            None
+        }
+    };
+    // Only instances on an Outpost have it (EC2 User Guide, "Instance
+    // metadata categories": outpost-arn).
+    let outpost_arn = get("/latest/meta-data/outpost-arn").await.ok();
     let instance_type = get("/latest/meta-data/instance-type").await?;
     let macs = get("/latest/meta-data/network/interfaces/macs/").await?;
     let network_interfaces = u32::try_from(macs.lines().filter(|l| !l.trim().is_empty()).count())
@@ -56,6 +68,8 @@ pub async fn read() -> Result<Found, ImdsError> {
     Ok(Found {
         instance_id: Some(instance_id),
         availability_zone: Some(availability_zone),
+        availability_zone_id,
+        outpost_arn,
         instance_type: Some(instance_type),
         network_interfaces: Some(network_interfaces),
         boot_volumes,

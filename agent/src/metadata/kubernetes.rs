@@ -35,6 +35,8 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_BODY: usize = 1 << 20;
 /// Label with the node's zone (Kubernetes well-known labels).
 const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+/// The zone id label the AWS cloud controller manager sets.
+const ZONE_ID_LABEL: &str = "topology.k8s.aws/zone-id";
 /// Label with the node's instance type (Kubernetes well-known labels).
 const TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
 
@@ -193,6 +195,7 @@ pub async fn read(service_account_dir: &Path) -> Result<Found, KubernetesError> 
     Ok(Found {
         instance_id: Some(instance_id.to_owned()),
         availability_zone: node.metadata.labels.get(ZONE_LABEL).cloned(),
+        availability_zone_id: node.metadata.labels.get(ZONE_ID_LABEL).cloned(),
         instance_type: node.metadata.labels.get(TYPE_LABEL).cloned(),
         ..Found::default()
     })

@@ -38,10 +38,21 @@ pub struct Volume {
     pub snapshot_id: Option<String>,
     /// io1/io2 Multi-Attach enabled.
     pub multi_attach: bool,
+    /// The Outpost it is on, if any.
+    pub outpost_arn: Option<String>,
     /// Tags.
     pub tags: Tags,
     /// Attachments to instances.
     pub attachments: Vec<Attachment>,
+}
+
+/// An availability zone (EC2 API `AvailabilityZone`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Zone {
+    /// `ZoneName`, e.g. `us-east-1a` (differs between accounts).
+    pub name: String,
+    /// `ZoneId`, e.g. `use1-az1` (the same physical zone in every account).
+    pub id: String,
 }
 
 /// Volume states (EC2 API `VolumeState`).
@@ -159,6 +170,11 @@ pub struct Instance {
     pub zone: String,
     /// Device names in its block-device mapping (root and attached volumes).
     pub device_names: Vec<String>,
+    /// Instance type, e.g. `p5.48xlarge`.
+    pub instance_type: String,
+    /// The EBS card of each EBS volume in its block-device mapping
+    /// (`EbsCardIndex`; 0 where EC2 reports none).
+    pub ebs_cards_in_use: Vec<i32>,
 }
 
 /// The state of a volume modification (EC2 API `VolumeModificationState`).
@@ -192,6 +208,20 @@ pub struct VolumeHealth {
     pub impaired: bool,
     /// The status and its failed checks, for the CSI condition message.
     pub detail: String,
+    /// The volume is still being initialized from its snapshot (the
+    /// `initialization-state` check is `initializing`).
+    pub initializing: Option<Initializing>,
+}
+
+/// How far a volume's initialization is (EC2 API
+/// `InitializationStatusDetails`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Initializing {
+    /// Percent done, 0–100.
+    pub progress_percent: Option<i64>,
+    /// Seconds EC2 estimates are left (volumes with a provisioned
+    /// initialization rate only).
+    pub seconds_left: Option<i64>,
 }
 
 /// Everything CreateVolume needs.
@@ -217,6 +247,8 @@ pub struct CreateVolumeInput {
     pub initialization_rate: Option<i32>,
     /// Enable io2 Multi-Attach.
     pub multi_attach: bool,
+    /// Create it on this Outpost (`OutpostArn`).
+    pub outpost_arn: Option<String>,
     /// Tags applied at creation.
     pub tags: Tags,
     /// Idempotency token (at most 64 ASCII characters).
@@ -321,13 +353,18 @@ pub trait Ec2: Send + Sync + 'static {
     fn delete_volume(&self, volume_id: &str) -> impl Future<Output = Result<(), Ec2Error>> + Send;
     /// `DescribeVolumes` (all pages).
     fn describe_volumes(&self, selector: Selector) -> impl Future<Output = Result<Vec<Volume>, Ec2Error>> + Send;
-    /// `AttachVolume`.
+    /// `AttachVolume`, on EBS card `ebs_card` of an instance with several
+    /// (`EbsCardIndex`), else on EC2's default.
     fn attach_volume(
         &self,
         volume_id: &str,
         instance_id: &str,
         device: &str,
+        ebs_card: Option<i32>,
     ) -> impl Future<Output = Result<(), Ec2Error>> + Send;
+    /// `DescribeInstanceTypes` of one type: how many EBS cards it has
+    /// (`EbsInfo.MaximumEbsCards`); `None` where EC2 reports no number.
+    fn ebs_cards(&self, instance_type: &str) -> impl Future<Output = Result<Option<i32>, Ec2Error>> + Send;
     /// `DetachVolume`.
     fn detach_volume(&self, volume_id: &str, instance_id: &str) -> impl Future<Output = Result<(), Ec2Error>> + Send;
     /// `DescribeInstances` by id (missing ids are absent from the result).
@@ -370,8 +407,8 @@ pub trait Ec2: Send + Sync + 'static {
     fn create_tags(&self, resource_id: &str, tags: Tags) -> impl Future<Output = Result<(), Ec2Error>> + Send;
     /// `DeleteTags`.
     fn delete_tags(&self, resource_id: &str, keys: Vec<String>) -> impl Future<Output = Result<(), Ec2Error>> + Send;
-    /// `DescribeAvailabilityZones`: the region's zone names.
-    fn describe_availability_zones(&self) -> impl Future<Output = Result<Vec<String>, Ec2Error>> + Send;
+    /// `DescribeAvailabilityZones`: the region's available zones.
+    fn describe_availability_zones(&self) -> impl Future<Output = Result<Vec<Zone>, Ec2Error>> + Send;
     /// A `DryRun` CreateVolume of `volume_type` in `zone`, `size_gib` large,
     /// asking for more IOPS than any type has: the maximum EC2's refusal
     /// names ([`crate::volume_type::max_iops_in`]), `None` if it names none.

@@ -10,9 +10,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Attachment, AttachmentState, CreateSnapshotInput, CreateVolumeInput, Ec2, Ec2Error, Instance, Modification,
-    ModificationState, ModifyVolumeInput, Selector, Snapshot, SnapshotLock, SnapshotState, Tags, Volume, VolumeHealth,
-    VolumeState,
+    Attachment, AttachmentState, CreateSnapshotInput, CreateVolumeInput, Ec2, Ec2Error, Initializing, Instance,
+    Modification, ModificationState, ModifyVolumeInput, Selector, Snapshot, SnapshotLock, SnapshotState, Tags, Volume,
+    VolumeHealth, VolumeState, Zone,
 };
 
 /// How the model behaves.
@@ -28,6 +28,11 @@ pub struct Behaviour {
     pub detach_delay: Duration,
     /// DescribeVolumeStatus reports every volume impaired.
     pub volumes_impaired: bool,
+    /// DescribeVolumeStatus reports every volume still initializing.
+    pub initializing: Option<Initializing>,
+    /// DescribeInstanceTypes reports this many EBS cards for every type
+    /// (`EbsInfo.MaximumEbsCards`, present on types with several).
+    pub ebs_cards: Option<i32>,
     /// Attachments per instance, root volume included.
     pub attachment_limit: usize,
     /// Device names AttachVolume refuses.
@@ -46,6 +51,8 @@ impl Default for Behaviour {
             attach_delay: Some(Duration::from_millis(300)),
             detach_delay: Duration::from_millis(300),
             volumes_impaired: false,
+            initializing: None,
+            ebs_cards: None,
             attachment_limit: 28,
             refused_names: Vec::new(),
             encrypted_by_default: false,
@@ -62,6 +69,7 @@ struct State {
     instances: HashMap<String, Instance>,
     snapshots: BTreeMap<String, Snapshot>,
     modifications: HashMap<String, Modification>,
+    ebs_cards_asked: Vec<Option<i32>>,
     calls: HashMap<&'static str, usize>,
     throttled_calls: usize,
     next_id: u64,
@@ -92,8 +100,15 @@ impl Model {
             id: id.into(),
             zone: zone.into(),
             device_names: vec!["/dev/xvda".into()],
+            instance_type: "m5.large".into(),
+            ebs_cards_in_use: vec![0],
         };
         self.state().instances.insert(id.into(), instance);
+    }
+
+    /// The `EbsCardIndex` of each AttachVolume, in order.
+    pub fn ebs_cards_asked(&self) -> Vec<Option<i32>> {
+        self.state().ebs_cards_asked.clone()
     }
 
     /// Records a ClientToken as used by an earlier request with other
@@ -234,6 +249,7 @@ impl Ec2 for Model {
             kms_key_id: input.kms_key_id,
             snapshot_id: input.snapshot_id,
             multi_attach: input.multi_attach,
+            outpost_arn: input.outpost_arn,
             tags: input.tags,
             attachments: Vec::new(),
         };
@@ -258,12 +274,14 @@ impl Ec2 for Model {
     async fn describe_volume_status(&self, volume_id: &str) -> Result<Option<VolumeHealth>, Ec2Error> {
         let state = self.call("DescribeVolumeStatus")?;
         let impaired = self.behaviour.volumes_impaired;
+        let initializing = self.behaviour.initializing;
         Ok(state.volumes.contains_key(volume_id).then(|| VolumeHealth {
             impaired,
             detail: format!(
                 "volume status {}",
                 if impaired { "impaired; io-enabled: failed" } else { "ok" }
             ),
+            initializing,
         }))
     }
 
@@ -292,7 +310,13 @@ impl Ec2 for Model {
             .collect())
     }
 
-    async fn attach_volume(&self, volume_id: &str, instance_id: &str, device: &str) -> Result<(), Ec2Error> {
+    async fn attach_volume(
+        &self,
+        volume_id: &str,
+        instance_id: &str,
+        device: &str,
+        ebs_card: Option<i32>,
+    ) -> Result<(), Ec2Error> {
         let mut state = self.call("AttachVolume")?;
         if self.behaviour.refused_names.iter().any(|n| n == device) {
             return Err(Ec2Error::DeviceNameRefused(format!(
@@ -333,7 +357,16 @@ impl Ec2 for Model {
         state
             .attach_times
             .insert((volume_id.into(), instance_id.into()), Instant::now());
+        if let Some(instance) = state.instances.get_mut(instance_id) {
+            instance.ebs_cards_in_use.push(ebs_card.unwrap_or(0));
+        }
+        state.ebs_cards_asked.push(ebs_card);
         Ok(())
+    }
+
+    /// `EbsInfo.MaximumEbsCards` as [`Behaviour::ebs_cards`] says.
+    async fn ebs_cards(&self, _instance_type: &str) -> Result<Option<i32>, Ec2Error> {
+        self.call("DescribeInstanceTypes").map(|_| self.behaviour.ebs_cards)
     }
 
     async fn detach_volume(&self, volume_id: &str, instance_id: &str) -> Result<(), Ec2Error> {
@@ -481,9 +514,20 @@ impl Ec2 for Model {
         Ok(())
     }
 
-    async fn describe_availability_zones(&self) -> Result<Vec<String>, Ec2Error> {
+    /// us-east-1's first three zones with the ids of one account (EC2 User
+    /// Guide, "Availability Zone IDs": ids are the same in every account,
+    /// names are mapped to them per account).
+    async fn describe_availability_zones(&self) -> Result<Vec<Zone>, Ec2Error> {
         drop(self.call("DescribeAvailabilityZones")?);
-        Ok(vec!["us-east-1a".into(), "us-east-1b".into(), "us-east-1c".into()])
+        let zone = |name: &str, id: &str| Zone {
+            name: name.into(),
+            id: id.into(),
+        };
+        Ok(vec![
+            zone("us-east-1a", "use1-az6"),
+            zone("us-east-1b", "use1-az1"),
+            zone("us-east-1c", "use1-az2"),
+        ])
     }
 
     /// EC2 names no maximum here (as for a dry run that would succeed):

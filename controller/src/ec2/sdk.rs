@@ -1,7 +1,8 @@
 //! [`Ec2`] over aws-sdk-ec2.
 //!
 //! Endpoint, region and credentials come from the SDK's standard settings
-//! (`AWS_ENDPOINT_URL_EC2`, `AWS_REGION`, the default credential chain with
+//! (`AWS_ENDPOINT_URL_EC2`, else the Go driver's `AWS_EC2_ENDPOINT`;
+//! `AWS_REGION`; the default credential chain with
 //! web identity and IMDS), so tests against moto need no special path.
 //! Retries are the SDK's adaptive mode; each mutating API gets its own
 //! retry partition (token bucket), so throttling of one does not starve
@@ -16,9 +17,9 @@ use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types::{self as sdk, Filter, ResourceType, Tag, TagSpecification};
 
 use super::{
-    Attachment, AttachmentState, CreateSnapshotInput, CreateVolumeInput, Ec2, Ec2Error, Instance, LockMode,
-    Modification, ModificationState, ModifyVolumeInput, Selector, Snapshot, SnapshotLock, SnapshotState, Tags, Volume,
-    VolumeHealth, VolumeState,
+    Attachment, AttachmentState, CreateSnapshotInput, CreateVolumeInput, Ec2, Ec2Error, Initializing, Instance,
+    LockMode, Modification, ModificationState, ModifyVolumeInput, Selector, Snapshot, SnapshotLock, SnapshotState,
+    Tags, Volume, VolumeHealth, VolumeState, Zone,
 };
 use crate::metrics::{ApiMetrics, Failure};
 use crate::volume_type;
@@ -43,6 +44,11 @@ const MUTATING: [&str; 12] = [
 /// type has (io2 Block Express: 256,000; EC2 API Reference, CreateVolume).
 const PROBE_IOPS: i32 = 1_000_000;
 
+/// The `initialization-state` check's status while a volume initializes
+/// (EC2 API `VolumeStatusDetails`; the Go driver's
+/// `VolumeStatusInitializingState`).
+const INITIALIZING: &str = "initializing";
+
 /// The EC2 client of the controller.
 #[derive(Clone, Debug)]
 pub struct SdkEc2 {
@@ -54,12 +60,21 @@ pub struct SdkEc2 {
 impl SdkEc2 {
     /// Builds clients from the shared SDK configuration.
     pub fn new(config: &aws_config::SdkConfig, metrics: ApiMetrics) -> Self {
+        // The Go driver's endpoint variable, where the SDK's own
+        // (`AWS_ENDPOINT_URL_EC2`, read into `config`) is not set.
+        let endpoint = std::env::var("AWS_ENDPOINT_URL_EC2")
+            .is_err()
+            .then(|| std::env::var("AWS_EC2_ENDPOINT").ok())
+            .flatten();
         let client = |partition: &str| {
-            let conf = aws_sdk_ec2::config::Builder::from(config)
+            let mut conf = aws_sdk_ec2::config::Builder::from(config)
                 .retry_config(RetryConfig::adaptive())
                 .retry_partition(RetryPartition::new(format!("ebs-csi-{partition}")))
-                .interceptor(metrics.throttle_counter())
-                .build();
+                .interceptor(metrics.throttle_counter());
+            if let Some(url) = &endpoint {
+                conf = conf.endpoint_url(url);
+            }
+            let conf = conf.build();
             Client::from_conf(conf)
         };
         Self {
@@ -178,6 +193,7 @@ fn volume(v: &sdk::Volume) -> Volume {
         kms_key_id: v.kms_key_id().map(str::to_owned),
         snapshot_id: v.snapshot_id().filter(|s| !s.is_empty()).map(str::to_owned),
         multi_attach: v.multi_attach_enabled().unwrap_or_default(),
+        outpost_arn: v.outpost_arn().filter(|a| !a.is_empty()).map(str::to_owned),
         tags: from_sdk_tags(v.tags()),
         attachments: v
             .attachments()
@@ -235,6 +251,7 @@ impl Ec2 for SdkEc2 {
                     .set_snapshot_id(input.snapshot_id)
                     .set_volume_initialization_rate(input.initialization_rate)
                     .set_multi_attach_enabled(input.multi_attach.then_some(true))
+                    .set_outpost_arn(input.outpost_arn)
                     .client_token(input.client_token)
                     .tag_specifications(tag_specification(ResourceType::Volume, &input.tags))
                     .send()
@@ -252,6 +269,7 @@ impl Ec2 for SdkEc2 {
                     .set_kms_key_id(out.kms_key_id)
                     .set_snapshot_id(out.snapshot_id)
                     .set_multi_attach_enabled(out.multi_attach_enabled)
+                    .set_outpost_arn(out.outpost_arn)
                     .set_tags(out.tags)
                     .build();
                 Ok(volume(&v))
@@ -314,9 +332,27 @@ impl Ec2 for SdkEc2 {
                                 )
                             })
                             .collect();
+                        let initializing = info
+                            .details()
+                            .iter()
+                            .any(|d| {
+                                d.name() == Some(&sdk::VolumeStatusName::InitializationState)
+                                    && d.status() == Some(INITIALIZING)
+                            })
+                            .then(|| {
+                                let details = out
+                                    .volume_statuses()
+                                    .first()
+                                    .and_then(|i| i.initialization_status_details());
+                                Initializing {
+                                    progress_percent: details.and_then(|d| d.progress()),
+                                    seconds_left: details.and_then(|d| d.estimated_time_to_complete_in_seconds()),
+                                }
+                            });
                         VolumeHealth {
                             impaired: status == "impaired",
                             detail: format!("volume status {status}; {}", failed.join(", ")),
+                            initializing,
                         }
                     }))
             })
@@ -355,7 +391,13 @@ impl Ec2 for SdkEc2 {
             .await
     }
 
-    async fn attach_volume(&self, volume_id: &str, instance_id: &str, device: &str) -> Result<(), Ec2Error> {
+    async fn attach_volume(
+        &self,
+        volume_id: &str,
+        instance_id: &str,
+        device: &str,
+        ebs_card: Option<i32>,
+    ) -> Result<(), Ec2Error> {
         self.metrics
             .observe("AttachVolume", async {
                 self.client("AttachVolume")
@@ -363,6 +405,7 @@ impl Ec2 for SdkEc2 {
                     .volume_id(volume_id)
                     .instance_id(instance_id)
                     .device(device)
+                    .set_ebs_card_index(ebs_card)
                     .send()
                     .await
                     .map_err(classify)
@@ -411,11 +454,37 @@ impl Ec2 for SdkEc2 {
                                     .iter()
                                     .filter_map(|m| m.device_name().map(str::to_owned))
                                     .collect(),
+                                instance_type: i.instance_type().map(|t| t.as_str().to_owned()).unwrap_or_default(),
+                                ebs_cards_in_use: i
+                                    .block_device_mappings()
+                                    .iter()
+                                    .filter_map(|m| m.ebs())
+                                    .map(|ebs| ebs.ebs_card_index().unwrap_or(0))
+                                    .collect(),
                             }
                         }));
                     }
                 }
                 Ok(instances)
+            })
+            .await
+    }
+
+    async fn ebs_cards(&self, instance_type: &str) -> Result<Option<i32>, Ec2Error> {
+        self.metrics
+            .observe("DescribeInstanceTypes", async {
+                let out = self
+                    .describe
+                    .describe_instance_types()
+                    .instance_types(sdk::InstanceType::from(instance_type))
+                    .send()
+                    .await
+                    .map_err(classify)?;
+                Ok(out
+                    .instance_types()
+                    .first()
+                    .and_then(|t| t.ebs_info())
+                    .and_then(|ebs| ebs.maximum_ebs_cards()))
             })
             .await
     }
@@ -521,10 +590,13 @@ impl Ec2 for SdkEc2 {
     async fn describe_snapshots(&self, selector: Selector) -> Result<Vec<Snapshot>, Ec2Error> {
         self.metrics
             .observe("DescribeSnapshots", async {
+                // By id, any snapshot the account may use (one shared with
+                // it too, to restore from); otherwise only its own.
+                let owners = (!matches!(selector, Selector::Ids(_))).then(|| vec!["self".to_owned()]);
                 let mut pages = self
                     .describe
                     .describe_snapshots()
-                    .owner_ids("self")
+                    .set_owner_ids(owners)
                     .filters(selector_filter(selector, "snapshot-id"))
                     .into_paginator()
                     .send();
@@ -614,7 +686,7 @@ impl Ec2 for SdkEc2 {
             .await
     }
 
-    async fn describe_availability_zones(&self) -> Result<Vec<String>, Ec2Error> {
+    async fn describe_availability_zones(&self) -> Result<Vec<Zone>, Ec2Error> {
         self.metrics
             .observe("DescribeAvailabilityZones", async {
                 let out = self
@@ -627,7 +699,12 @@ impl Ec2 for SdkEc2 {
                 Ok(out
                     .availability_zones()
                     .iter()
-                    .filter_map(|z| z.zone_name().map(str::to_owned))
+                    .filter_map(|z| {
+                        Some(Zone {
+                            name: z.zone_name()?.to_owned(),
+                            id: z.zone_id().unwrap_or_default().to_owned(),
+                        })
+                    })
                     .collect())
             })
             .await
@@ -665,5 +742,117 @@ impl Ec2 for SdkEc2 {
                 }
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_ec2::error::ErrorMetadata;
+    use aws_sdk_ec2::operation::attach_volume::AttachVolumeError;
+    use aws_smithy_runtime_api::http::{Response, StatusCode};
+    use aws_smithy_types::body::SdkBody;
+    use tonic::{Code, Status};
+
+    use super::*;
+    use crate::error::ControllerError;
+
+    /// EC2's error responses, as EC2 sends them, through the
+    /// classification to the gRPC code the CO sees (the metric's `code`
+    /// label is EC2's code). Codes: EC2 API Reference, "Error codes";
+    /// messages as cited per case.
+    #[test]
+    fn each_ec2_error_reaches_the_co_as_its_grpc_code() {
+        let cases = [
+            // The EC2 API Reference's wording for a volume that does not exist.
+            (
+                "InvalidVolume.NotFound",
+                "The volume 'vol-0123456789abcdef0' does not exist.",
+                Code::NotFound,
+            ),
+            (
+                "InvalidInstanceID.NotFound",
+                "The instance ID 'i-0123456789abcdef0' does not exist",
+                Code::NotFound,
+            ),
+            // Captured in kubernetes-sigs/aws-ebs-csi-driver#1801.
+            (
+                "IncorrectState",
+                "Volume 'vol-0123456789abcdef0' is in the 'available' state.",
+                Code::FailedPrecondition,
+            ),
+            (
+                "VolumeInUse",
+                "vol-0123456789abcdef0 is already attached to an instance",
+                Code::FailedPrecondition,
+            ),
+            (
+                "IdempotentParameterMismatch",
+                "The request uses the same client token as a previous, but non-identical request.",
+                Code::AlreadyExists,
+            ),
+            (
+                "AttachmentLimitExceeded",
+                "Attachment limit exceeded.",
+                Code::ResourceExhausted,
+            ),
+            (
+                "SnapshotLimitExceeded",
+                "The maximum number of snapshots has been reached.",
+                Code::ResourceExhausted,
+            ),
+            (
+                "VolumeLimitExceeded",
+                "You have exceeded your maximum gp3 storage limit.",
+                Code::ResourceExhausted,
+            ),
+            (
+                "MaxIOPSLimitExceeded",
+                "You have exceeded your maximum IOPS limit.",
+                Code::ResourceExhausted,
+            ),
+            (
+                "VolumeModificationSizeLimitExceeded",
+                "You have exceeded your maximum volume modification storage limit.",
+                Code::ResourceExhausted,
+            ),
+            // The refusal the Go driver's nonIo2ErrRegex is written for.
+            (
+                "InvalidParameterValue",
+                "Volume iops of 200000 is too high; maximum is 80000",
+                Code::InvalidArgument,
+            ),
+            // A device name in use on the instance (the Go driver's
+            // isAWSErrorBlockDeviceInUse): another name is tried.
+            (
+                "InvalidParameterValue",
+                "Invalid value '/dev/xvdba' for unixDevice. Attachment point /dev/xvdba is already in use",
+                Code::Unavailable,
+            ),
+            (
+                "InvalidParameterCombination",
+                "The parameter iops is not supported for gp2 volumes.",
+                Code::InvalidArgument,
+            ),
+            (
+                "UnknownParameter",
+                "The parameter Foo is not recognized",
+                Code::InvalidArgument,
+            ),
+            (
+                "UnsupportedOperation",
+                "The operation is not supported.",
+                Code::InvalidArgument,
+            ),
+            ("RequestLimitExceeded", "Request limit exceeded.", Code::Unavailable),
+            ("InternalError", "An internal error has occurred.", Code::Internal),
+        ];
+        for (code, message, expected) in cases {
+            let error = AttachVolumeError::generic(ErrorMetadata::builder().code(code).message(message).build());
+            let response = Response::new(StatusCode::try_from(400).unwrap(), SdkBody::empty());
+            let failure = classify(SdkError::service_error(error, response));
+            assert_eq!(failure.code, code);
+            let status = Status::from(ControllerError::from(failure.error));
+            assert_eq!(status.code(), expected, "{code}: {message}");
+        }
     }
 }

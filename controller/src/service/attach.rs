@@ -12,8 +12,9 @@ use super::capability;
 use super::wait::{self, Look};
 use super::{ControllerService, required};
 use crate::devices::Reservation;
-use crate::ec2::{AttachmentState, Ec2, Ec2Error, Volume};
+use crate::ec2::{AttachmentState, Ec2, Ec2Error, Instance, Volume};
 use crate::error::ControllerError;
+use crate::parameters;
 
 /// The publish-context key the node reads the device name from (the Go
 /// driver's, which Nomad and kubelet pass through).
@@ -30,7 +31,44 @@ fn attachment_on<'a>(volume: &'a Volume, instance_id: &str) -> Option<&'a crate:
         .find(|a| a.instance_id == instance_id && a.state != AttachmentState::Detached)
 }
 
+/// Whether the volume's class set `blockAttachUntilInitialized` (the key
+/// read case-insensitively, as the Go driver's node reads its context).
+fn holds_until_initialized(context: &HashMap<String, String>) -> bool {
+    context
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case(parameters::BLOCK_ATTACH_UNTIL_INITIALIZED) && v == "true")
+}
+
 impl<E: Ec2> ControllerService<E> {
+    /// Refuses to attach a volume EC2 still initializes from its snapshot
+    /// (DescribeVolumeStatus's `initialization-state`), for
+    /// `blockAttachUntilInitialized`: the CO retries the publish with its
+    /// backoff until initialization completes.
+    ///
+    /// # Errors
+    /// UNAVAILABLE naming the progress EC2 reports; the DescribeVolumeStatus
+    /// error when there is no status to go by.
+    async fn check_initialized(&self, volume_id: &str) -> Result<(), ControllerError> {
+        let Some(initializing) = self
+            .ec2
+            .describe_volume_status(volume_id)
+            .await?
+            .and_then(|health| health.initializing)
+        else {
+            return Ok(());
+        };
+        let progress = initializing
+            .progress_percent
+            .map_or_else(String::new, |p| format!(", {p}% done"));
+        let left = initializing
+            .seconds_left
+            .map_or_else(String::new, |s| format!(", about {s} s left"));
+        Err(ControllerError::Unavailable(format!(
+            "volume {volume_id} is still being initialized from its snapshot{progress}{left}; \
+             blockAttachUntilInitialized holds the attachment until it is done"
+        )))
+    }
+
     pub(super) async fn publish(
         &self,
         r: ControllerPublishVolumeRequest,
@@ -52,6 +90,9 @@ impl<E: Ec2> ControllerService<E> {
         let (device, _reserved) = match attachment_on(&volume, node_id) {
             Some(existing) => (existing.device.clone(), None),
             None => {
+                if holds_until_initialized(&r.volume_context) {
+                    self.check_initialized(volume_id).await?;
+                }
                 let elsewhere: Vec<&str> = volume
                     .attachments
                     .iter()
@@ -64,7 +105,7 @@ impl<E: Ec2> ControllerService<E> {
                         elsewhere.join(", ")
                     )));
                 }
-                let reservation = self.attach(volume_id, node_id, &instance.device_names).await?;
+                let reservation = self.attach(volume_id, &instance).await?;
                 (reservation.name.clone(), Some(reservation))
             }
         };
@@ -77,13 +118,15 @@ impl<E: Ec2> ControllerService<E> {
 
     /// AttachVolume with a fresh device name, trying another when EC2
     /// refuses one; the name's reservation is returned with it.
-    async fn attach(&self, volume_id: &str, node_id: &str, in_use: &[String]) -> Result<Reservation, ControllerError> {
+    async fn attach(&self, volume_id: &str, instance: &Instance) -> Result<Reservation, ControllerError> {
+        let node_id = instance.id.as_str();
+        let card = self.ebs_cards.for_next_volume(self.ec2.as_ref(), instance).await;
         for _ in 0..NAME_ATTEMPTS {
             let name = self
                 .devices
-                .allocate(node_id, in_use)
+                .allocate(node_id, &instance.device_names)
                 .ok_or_else(|| ControllerError::ResourceExhausted(format!("no free device name on node {node_id}")))?;
-            match self.ec2.attach_volume(volume_id, node_id, &name.name).await {
+            match self.ec2.attach_volume(volume_id, node_id, &name.name, card).await {
                 Ok(()) => return Ok(name),
                 Err(Ec2Error::DeviceNameRefused(m)) => {
                     tracing::warn!(volume_id, node_id, device = %name.name, reason = %m, "device name refused");

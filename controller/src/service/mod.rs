@@ -4,6 +4,7 @@
 
 mod attach;
 mod capability;
+mod ebs_cards;
 mod identity;
 mod iops_ceiling;
 mod modify;
@@ -31,6 +32,7 @@ use crate::ec2::Tags;
 use crate::ec2::batch::{BatchConfig, Describer};
 use crate::error::ControllerError;
 use crate::metrics::DetachPending;
+use ebs_cards::EbsCards;
 use iops_ceiling::IopsCeilings;
 use modify::Coalescer;
 use tokens::ClientTokens;
@@ -85,6 +87,7 @@ pub struct ControllerService<E: Ec2> {
     coalescer: Coalescer<E>,
     tokens: ClientTokens,
     iops_ceilings: IopsCeilings,
+    ebs_cards: EbsCards,
 }
 
 impl<E: Ec2> ControllerService<E> {
@@ -100,6 +103,7 @@ impl<E: Ec2> ControllerService<E> {
             zones: ZonePicker::default(),
             tokens: ClientTokens::default(),
             iops_ceilings: IopsCeilings::default(),
+            ebs_cards: EbsCards::default(),
         }
     }
 }

@@ -209,9 +209,8 @@ impl<E: Ec2> ControllerService<E> {
                 throughput: m.throughput,
             },
         );
-        if !input.is_empty() {
-            self.apply(&volume, input).await?;
-        }
+        // Tags first, as the Go driver: a ModifyVolume EC2 refuses (the
+        // six-hour cooldown) does not hold them back.
         if !m.add_tags.is_empty() {
             self.ec2.create_tags(volume_id, m.add_tags).await?;
         }
@@ -223,6 +222,9 @@ impl<E: Ec2> ControllerService<E> {
             .collect();
         if !delete_tags.is_empty() {
             self.ec2.delete_tags(volume_id, delete_tags).await?;
+        }
+        if !input.is_empty() {
+            self.apply(&volume, input).await?;
         }
         Ok(ControllerModifyVolumeResponse {})
     }

@@ -32,8 +32,14 @@ impl<E: Ec2> ControllerService<E> {
         let name = required("name", &r.name)?;
         let p = parameters::snapshot(&r.parameters)?;
         if !p.fast_restore_zones.is_empty() {
-            let region = self.zones.region_zones(self.ec2.as_ref()).await?;
-            if let Some(zone) = p.fast_restore_zones.iter().find(|z| !region.contains(z)) {
+            let region: Vec<&str> = self
+                .zones
+                .region_zones(self.ec2.as_ref())
+                .await?
+                .iter()
+                .map(|z| z.name.as_str())
+                .collect();
+            if let Some(zone) = p.fast_restore_zones.iter().find(|z| !region.contains(&z.as_str())) {
                 return Err(ControllerError::InvalidArgument(format!(
                     "fastSnapshotRestoreAvailabilityZones: {zone} is not a zone of this region ({})",
                     region.join(", ")

@@ -12,7 +12,7 @@ use tonic::Code;
 use super::{ControllerService, Settings};
 use crate::ec2::batch::BatchConfig;
 use crate::ec2::model::{Behaviour, Model};
-use crate::ec2::{AttachmentState, VolumeState};
+use crate::ec2::{AttachmentState, Initializing, VolumeState};
 use crate::error::ControllerError;
 use crate::metrics::DetachPending;
 
@@ -196,6 +196,87 @@ async fn unpublish_of_a_volume_not_attached_there_succeeds() {
         .await
         .unwrap();
     assert_eq!(model.calls("DetachVolume"), 3);
+}
+
+/// An instance type with several EBS cards: each volume goes on the card
+/// with the fewest EBS volumes (the root is on card 0); with one card, or
+/// none reported, no `EbsCardIndex` is sent. The type is described once.
+#[tokio::test]
+async fn volumes_spread_over_the_ebs_cards_of_the_instance() {
+    for (cards, expected) in [
+        (Some(2), vec![Some(1), Some(0), Some(1)]),
+        (None, vec![None, None, None]),
+    ] {
+        let (model, service) = controller(Behaviour {
+            ebs_cards: cards,
+            ..Behaviour::default()
+        });
+        for i in 0..3 {
+            let id = create(&service, &format!("pvc-card-{i}")).await;
+            service
+                .publish(publish(&id, "i-1", capability(Mode::SingleNodeWriter, false)))
+                .await
+                .unwrap();
+        }
+        assert_eq!(model.ebs_cards_asked(), expected);
+        assert_eq!(model.calls("DescribeInstanceTypes"), 1);
+    }
+}
+
+/// `blockAttachUntilInitialized`: no AttachVolume while EC2 reports the
+/// volume initializing; UNAVAILABLE with its progress, for the CO to retry.
+#[tokio::test]
+async fn a_volume_still_initializing_is_not_attached_when_its_class_says_so() {
+    let (model, service) = controller(Behaviour {
+        initializing: Some(Initializing {
+            progress_percent: Some(42),
+            seconds_left: Some(120),
+        }),
+        ..Behaviour::default()
+    });
+    let created = service
+        .create(request(
+            "pvc-initializing",
+            &[("blockAttachUntilInitialized", "true")],
+            capability(Mode::SingleNodeWriter, false),
+        ))
+        .await
+        .unwrap()
+        .volume
+        .unwrap();
+    assert_eq!(
+        created
+            .volume_context
+            .get("blockattachuntilinitialized")
+            .map(String::as_str),
+        Some("true")
+    );
+    let held = ControllerPublishVolumeRequest {
+        volume_context: created.volume_context.clone(),
+        ..publish(&created.volume_id, "i-1", capability(Mode::SingleNodeWriter, false))
+    };
+    match service.publish(held).await.unwrap_err() {
+        ControllerError::Unavailable(m) => assert_eq!(
+            m,
+            format!(
+                "volume {} is still being initialized from its snapshot, 42% done, about 120 s left; \
+                 blockAttachUntilInitialized holds the attachment until it is done",
+                created.volume_id
+            )
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(model.calls("AttachVolume"), 0);
+    // Without the key the volume is attached at once.
+    service
+        .publish(publish(
+            &created.volume_id,
+            "i-1",
+            capability(Mode::SingleNodeWriter, false),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(model.calls("AttachVolume"), 1);
 }
 
 /// `aws_ebs_csi_ec2_detach_pending_seconds_total` carries a detachment
@@ -409,6 +490,23 @@ async fn one_modification_per_window_and_the_cooldown_after_it() {
         Code::FailedPrecondition,
         "EC2 allows one modification per six hours"
     );
+    // A class's tags are applied before its ModifyVolume, as the Go
+    // driver's: the cooldown refuses the IOPS, not the tags.
+    let retier = ControllerModifyVolumeRequest {
+        volume_id: id.clone(),
+        mutable_parameters: HashMap::from([
+            ("iops".into(), "5000".into()),
+            ("tagSpecification_1".into(), "tier=gold".into()),
+        ]),
+        ..Default::default()
+    };
+    assert_eq!(
+        code(service.modify(retier).await.unwrap_err()),
+        Code::FailedPrecondition
+    );
+    let volume = model.volume(&id).unwrap();
+    assert_eq!(volume.iops, Some(4000));
+    assert_eq!(volume.tags.get("tier").map(String::as_str), Some("gold"));
 }
 
 #[tokio::test]
@@ -421,6 +519,98 @@ async fn throttling_that_survives_retries_is_unavailable() {
         .unwrap_err();
     assert_eq!(code(err), Code::Unavailable);
     create(&service, "pvc-throttled").await;
+}
+
+/// A requirement with an Outpost's segments (from a node on it): the
+/// volume is created on that Outpost, and its topology names it too.
+#[tokio::test]
+async fn a_topology_on_an_outpost_creates_the_volume_there() {
+    let (model, service) = controller(Behaviour::default());
+    let arn = "arn:aws:outposts:us-east-1:111122223333:outpost/op-0123456789abcdef0";
+    let segments: HashMap<String, String> = [
+        ("topology.ebs.csi.aws.com/zone", "us-east-1a"),
+        ("topology.ebs.csi.aws.com/outpost-id", "op-0123456789abcdef0"),
+        ("topology.ebs.csi.aws.com/account-id", "111122223333"),
+        ("topology.ebs.csi.aws.com/region", "us-east-1"),
+        ("topology.ebs.csi.aws.com/partition", "aws"),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .into();
+    let r = CreateVolumeRequest {
+        accessibility_requirements: Some(TopologyRequirement {
+            requisite: vec![Topology {
+                segments: segments.clone(),
+            }],
+            preferred: vec![],
+        }),
+        ..request("pvc-outpost", &[], capability(Mode::SingleNodeWriter, false))
+    };
+    let volume = service.create(r).await.unwrap().volume.unwrap();
+    assert_eq!(
+        model.volume(&volume.volume_id).unwrap().outpost_arn.as_deref(),
+        Some(arn)
+    );
+    let reported = &volume.accessible_topology[0].segments;
+    assert!(segments.iter().all(|(k, v)| reported.get(k) == Some(v)), "{reported:?}");
+}
+
+/// Zone ids (`topology.k8s.aws/zone-id`) as the Go driver takes them: the
+/// zone with the preferred id, else one with a requisite id; the reply's
+/// topology carries the id too, since the CO's nodes report it.
+#[tokio::test]
+async fn zone_ids_pick_the_zone_and_come_back_in_the_topology() {
+    let (_model, service) = controller(Behaviour::default());
+    let by_id = |id: &str| Topology {
+        segments: HashMap::from([("topology.k8s.aws/zone-id".into(), id.into())]),
+    };
+    let requirement = |preferred: Vec<Topology>, requisite: Vec<Topology>| TopologyRequirement { requisite, preferred };
+    let cases = [
+        (
+            requirement(vec![by_id("use1-az1")], vec![by_id("use1-az2"), by_id("use1-az1")]),
+            "us-east-1b",
+            "use1-az1",
+        ),
+        (requirement(vec![], vec![by_id("use1-az2")]), "us-east-1c", "use1-az2"),
+    ];
+    for (i, (requirement, zone, id)) in cases.into_iter().enumerate() {
+        let r = CreateVolumeRequest {
+            accessibility_requirements: Some(requirement),
+            ..request(
+                &format!("pvc-zone-id-{i}"),
+                &[],
+                capability(Mode::SingleNodeWriter, false),
+            )
+        };
+        let volume = service.create(r).await.unwrap().volume.unwrap();
+        let segments = &volume.accessible_topology[0].segments;
+        assert_eq!(
+            segments.get("topology.kubernetes.io/zone").map(String::as_str),
+            Some(zone)
+        );
+        assert_eq!(segments.get("topology.k8s.aws/zone-id").map(String::as_str), Some(id));
+    }
+    let unknown = CreateVolumeRequest {
+        accessibility_requirements: Some(requirement(vec![], vec![by_id("usw2-az9")])),
+        ..request("pvc-zone-id-unknown", &[], capability(Mode::SingleNodeWriter, false))
+    };
+    match service.create(unknown).await.unwrap_err() {
+        ControllerError::ResourceExhausted(m) => {
+            assert_eq!(m, "no available zone of the region meets the topology requirement");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Zone names alone: no zone id in the reply, no zone lookup.
+    let named = service
+        .create(request("pvc-zone-name", &[], capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap()
+        .volume
+        .unwrap();
+    assert!(
+        !named.accessible_topology[0]
+            .segments
+            .contains_key("topology.k8s.aws/zone-id")
+    );
 }
 
 #[tokio::test]

@@ -1,9 +1,11 @@
 //! CreateVolume, DeleteVolume, ValidateVolumeCapabilities,
 //! ControllerGetVolume and ListVolumes.
 
+use ebs_csi_helper_proto::{FormatOptions, FsType};
 use ebs_csi_proto::v1::controller_get_volume_response;
 use ebs_csi_proto::v1::list_volumes_response;
 use ebs_csi_proto::v1::validate_volume_capabilities_response::Confirmed;
+use ebs_csi_proto::v1::volume_capability::AccessType;
 use ebs_csi_proto::v1::volume_content_source::{self, SnapshotSource};
 use ebs_csi_proto::v1::*;
 
@@ -60,7 +62,7 @@ fn csi_volume(v: &Volume, context: std::collections::HashMap<String, String>) ->
                 snapshot_id: id.clone(),
             })),
         }),
-        accessible_topology: vec![topology::topology(&v.zone)],
+        accessible_topology: vec![topology::topology(&v.zone, None, v.outpost_arn.as_deref())],
     }
 }
 
@@ -133,10 +135,11 @@ pub(super) fn page<T>(
 /// than the source's.
 fn check_clone(
     source: &Volume,
+    source_zone_id: Option<&str>,
     p: &parameters::VolumeParameters,
     requirement: Option<&TopologyRequirement>,
 ) -> Result<(), ControllerError> {
-    if !topology::allows(requirement, &source.zone) {
+    if !topology::allows(requirement, &source.zone, source_zone_id) {
         return Err(ControllerError::ResourceExhausted(format!(
             "the source volume {} is in {}, outside the requisite topology; a clone stays in its source's zone",
             source.id, source.zone
@@ -164,11 +167,55 @@ fn check_clone(
     Ok(())
 }
 
+/// Checks the class's formatting options against the filesystem the
+/// capability asks for, as the Go driver does (the external-provisioner
+/// does not pass `csi.storage.k8s.io/fstype` on, so the parameter alone
+/// would let an xfs volume take ext-only options, which fail only at
+/// NodeStageVolume).
+///
+/// # Errors
+/// INVALID_ARGUMENT for options a block volume would never use, or that
+/// the filesystem does not take.
+fn check_format_options(
+    p: &parameters::VolumeParameters,
+    capabilities: &[VolumeCapability],
+    block: bool,
+) -> Result<(), ControllerError> {
+    if p.format == FormatOptions::default() {
+        return Ok(());
+    }
+    if block {
+        return Err(ControllerError::InvalidArgument(
+            "formatting options (blockSize, inodeSize, …) do not apply to a block volume".into(),
+        ));
+    }
+    let asked = capabilities.iter().find_map(|c| match &c.access_type {
+        Some(AccessType::Mount(m)) => FsType::from_name(&m.fs_type.to_ascii_lowercase()),
+        _ => None,
+    });
+    p.format
+        .validate(asked.or(p.fs_type).unwrap_or(FsType::Ext4))
+        .map_err(ControllerError::InvalidArgument)
+}
+
 impl<E: Ec2> ControllerService<E> {
+    /// The id of the zone `name` where the CO's topologies carry zone ids
+    /// (and so must the volume's), else `None` without an EC2 call.
+    ///
+    /// # Errors
+    /// The DescribeAvailabilityZones error.
+    async fn zone_id(&self, requirement: Option<&TopologyRequirement>, name: &str) -> Result<Option<String>, Ec2Error> {
+        if !topology::uses_zone_ids(requirement) {
+            return Ok(None);
+        }
+        Ok(self.zones.zone(self.ec2.as_ref(), name).await?.map(|z| z.id))
+    }
+
     pub(super) async fn create(&self, r: CreateVolumeRequest) -> Result<CreateVolumeResponse, ControllerError> {
         let name = required("name", &r.name)?;
         let needs = capability::check(&r.volume_capabilities)?;
         let p = parameters::volume(&r.parameters)?.with(parameters::mutation(&r.mutable_parameters)?);
+        check_format_options(&p, &r.volume_capabilities, needs.block)?;
         let kind = volume_type::lookup(p.volume_type.as_deref().unwrap_or(volume_type::DEFAULT))?;
         if needs.multi_attach && !kind.multi_attach {
             return Err(ControllerError::InvalidArgument(format!(
@@ -207,9 +254,10 @@ impl<E: Ec2> ControllerService<E> {
         // capped at the zone's maximum once the zone is known.
         kind.resolve_iops(size_gib, p.iops, p.iops_per_gib, p.allow_iops_increase)?;
         let _guard = self.in_flight.acquire(name)?;
+        let requirement = r.accessibility_requirements.as_ref();
         let zone = match &source {
             Some(v) => {
-                check_clone(v, &p, r.accessibility_requirements.as_ref())?;
+                check_clone(v, self.zone_id(requirement, &v.zone).await?.as_deref(), &p, requirement)?;
                 v.zone.clone()
             }
             None => {
@@ -240,6 +288,7 @@ impl<E: Ec2> ControllerService<E> {
             snapshot_id: snapshot.map(|s| s.id),
             initialization_rate: p.initialization_rate,
             multi_attach: needs.multi_attach,
+            outpost_arn: topology::outpost_of(requirement),
             tags: volume_tags,
             client_token: self.tokens.token(name),
         };
@@ -268,11 +317,20 @@ impl<E: Ec2> ControllerService<E> {
         if let Some(fs) = p.fs_type {
             context.insert("csi.storage.k8s.io/fstype".to_owned(), fs.name().to_owned());
         }
+        if p.block_attach_until_initialized {
+            context.insert(parameters::BLOCK_ATTACH_UNTIL_INITIALIZED.to_owned(), "true".to_owned());
+        }
         // The source as the request named it (CSI spec, CreateVolume: a
         // volume created from a source reports it; external-provisioner
         // deletes a clone whose reply lacks it).
+        let zone_id = self.zone_id(requirement, &volume.zone).await?;
         let volume = ebs_csi_proto::v1::Volume {
             content_source: r.volume_content_source.clone(),
+            accessible_topology: vec![topology::topology(
+                &volume.zone,
+                zone_id.as_deref(),
+                volume.outpost_arn.as_deref(),
+            )],
             ..csi_volume(&volume, context)
         };
         Ok(CreateVolumeResponse { volume: Some(volume) })

@@ -30,6 +30,39 @@ pub const TOPOLOGY_KEY_ZONE: &str = "topology.ebs.csi.aws.com/zone";
 /// The well-known Kubernetes zone label, also reported for drop-in use.
 pub const TOPOLOGY_KEY_WELL_KNOWN_ZONE: &str = "topology.kubernetes.io/zone";
 
+/// The zone id (`use1-az1`: the same physical zone in every account), the
+/// label the AWS cloud controller manager gives nodes; the Go driver
+/// creates a volume in the zone with this id when a topology names it.
+pub const TOPOLOGY_KEY_ZONE_ID: &str = "topology.k8s.aws/zone-id";
+
+/// The segments of an AWS Outpost, as the Go driver's node reports them
+/// for an instance on one and its controller reads them back into the
+/// Outpost's ARN, `arn:<partition>:outposts:<region>:<account>:outpost/<id>`
+/// (in this order: id, account, region, partition).
+pub const TOPOLOGY_KEYS_OUTPOST: [&str; 4] = [
+    "topology.ebs.csi.aws.com/outpost-id",
+    "topology.ebs.csi.aws.com/account-id",
+    "topology.ebs.csi.aws.com/region",
+    "topology.ebs.csi.aws.com/partition",
+];
+
+/// [`TOPOLOGY_KEYS_OUTPOST`]'s segments of an Outpost ARN; `None` for
+/// anything else.
+pub fn outpost_segments(arn: &str) -> Option<[(&'static str, String); 4]> {
+    let [scheme, partition, service, region, account, resource] =
+        <[&str; 6]>::try_from(arn.splitn(6, ':').collect::<Vec<_>>()).ok()?;
+    let id = resource.strip_prefix("outpost/")?;
+    (scheme == "arn" && service == "outposts" && id.starts_with("op-")).then(|| {
+        let [k_id, k_account, k_region, k_partition] = TOPOLOGY_KEYS_OUTPOST;
+        [
+            (k_id, id.to_owned()),
+            (k_account, account.to_owned()),
+            (k_region, region.to_owned()),
+            (k_partition, partition.to_owned()),
+        ]
+    })
+}
+
 /// The node's operating system, as the Go driver's node reports it
 /// (`kubernetes.io/os`, the well-known label; value `linux`), so
 /// StorageClasses that select on it keep matching.

@@ -26,17 +26,24 @@ pub struct FormatOptions {
     pub ext4_bigalloc: bool,
     /// `ext4ClusterSize`: cluster size in bytes with bigalloc (ext4 only: `-C`).
     pub ext4_cluster_size: Option<u32>,
+    /// `ext4EncryptionSupport`: enable the encrypt feature, for fscrypt
+    /// (ext4 only: `-O encrypt`). Added in protocol version 5, and sent only
+    /// when set, so that older helpers refuse it rather than ignore it
+    /// ([`crate::Request::version`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ext4_encryption: bool,
 }
 
 /// The `volume_context` keys, lowercase as the Go driver's controller
 /// writes them (its node and ours read them case-insensitively).
-const KEYS: [&str; 6] = [
+const KEYS: [&str; 7] = [
     "blocksize",
     "inodesize",
     "bytesperinode",
     "numberofinodes",
     "ext4bigalloc",
     "ext4clustersize",
+    "ext4encryptionsupport",
 ];
 
 impl FormatOptions {
@@ -65,11 +72,8 @@ impl FormatOptions {
                 "bytesperinode" => options.bytes_per_inode = Some(number()?),
                 "numberofinodes" => options.number_of_inodes = Some(u64::from(number()?)),
                 "ext4clustersize" => options.ext4_cluster_size = Some(number()?),
-                "ext4bigalloc" => {
-                    options.ext4_bigalloc = value
-                        .parse::<bool>()
-                        .map_err(|_| format!("{key}={value:?} is not true or false"))?;
-                }
+                "ext4bigalloc" => options.ext4_bigalloc = boolean(key, value)?,
+                "ext4encryptionsupport" => options.ext4_encryption = boolean(key, value)?,
                 _ => {}
             }
         }
@@ -85,11 +89,12 @@ impl FormatOptions {
             self.number_of_inodes,
             self.ext4_bigalloc.then_some(1),
             self.ext4_cluster_size.map(u64::from),
+            self.ext4_encryption.then_some(1),
         ];
         KEYS.iter()
             .zip(values)
             .filter_map(|(key, value)| {
-                let text = if *key == "ext4bigalloc" {
+                let text = if matches!(*key, "ext4bigalloc" | "ext4encryptionsupport") {
                     "true".to_owned()
                 } else {
                     value?.to_string()
@@ -144,6 +149,7 @@ impl FormatOptions {
         only("bytesPerInode", self.bytes_per_inode.is_some(), ext)?;
         only("numberOfInodes", self.number_of_inodes.is_some(), ext)?;
         only("ext4BigAlloc", self.ext4_bigalloc, fs == FsType::Ext4)?;
+        only("ext4EncryptionSupport", self.ext4_encryption, fs == FsType::Ext4)?;
         only(
             "ext4ClusterSize",
             self.ext4_cluster_size.is_some(),
@@ -151,6 +157,12 @@ impl FormatOptions {
         )?;
         Ok(())
     }
+}
+
+fn boolean(key: &str, value: &str) -> Result<bool, String> {
+    value
+        .parse::<bool>()
+        .map_err(|_| format!("{key}={value:?} is not true or false"))
 }
 
 #[cfg(test)]
@@ -249,13 +261,23 @@ mod tests {
         for (fs, options) in cases {
             assert!(options.validate(fs).is_err(), "{fs:?} {options:?}");
         }
+        let encrypt = FormatOptions {
+            ext4_encryption: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            encrypt.validate(FsType::Xfs).unwrap_err(),
+            "ext4EncryptionSupport is not supported for xfs"
+        );
         let good = FormatOptions {
             block_size: Some(4096),
             inode_size: Some(256),
             ext4_bigalloc: true,
             ext4_cluster_size: Some(65536),
+            ext4_encryption: true,
             ..Default::default()
         };
         good.validate(FsType::Ext4).unwrap();
+        assert_eq!(FormatOptions::from_map(&good.to_context()).unwrap(), good);
     }
 }

@@ -10,16 +10,18 @@ use crate::{FormatOptions, HelperError, VolumeId};
 
 /// The newest protocol version this crate speaks.
 ///
-/// A new version only adds requests (with their replies and errors); it
-/// never changes one that exists. A frame carries the version that
-/// introduced its request ([`Request::version`]), and the helper serves
+/// A new version only adds requests (with their replies and errors), or
+/// optional fields whose absence means what the older version did; it
+/// never changes the meaning of one that exists. A frame carries the
+/// version that introduced its request, or the newest field it uses
+/// ([`Request::version`]), and the helper serves
 /// every frame from [`OLDEST_VERSION`] up to its own version. So the agent
 /// and the helper may be upgraded in either order — a node's DaemonSet and
 /// its host package never change at the same moment: an older agent's
 /// frames are all known to a newer helper, and a newer agent's frames are
 /// known to an older helper except for requests added since, which it
 /// answers with [`HelperError::UnsupportedVersion`] naming the version.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// The oldest frame version the helper serves: version 3, the first under
 /// the rule above (helpers of version 3 accept frames of exactly 3).
@@ -78,10 +80,13 @@ pub enum Request {
 }
 
 impl Request {
-    /// The protocol version that introduced this request (every request of
-    /// version 3 has 3): a helper of that version or newer serves it.
+    /// The protocol version that introduced this request, or the newest
+    /// field it uses (every request of version 3 has 3): a helper of that
+    /// version or newer serves it. Version 4 added PerformanceStatistics,
+    /// version 5 Stage's `ext4EncryptionSupport`.
     pub fn version(&self) -> u16 {
         match self {
+            Self::Stage(stage) if stage.format.ext4_encryption => 5,
             Self::Ping
             | Self::Stage(_)
             | Self::Unstage(_)
@@ -391,6 +396,26 @@ mod tests {
             staging_path: "/var/lib/kubelet/x".into(),
         });
         assert_eq!(RequestFrame::new(unstage).version, OLDEST_VERSION);
+        // A Stage is of version 3 unless it uses version 5's field, which is
+        // then on the wire (and absent otherwise, for version-3 helpers).
+        let mut stage = StageRequest {
+            volume_id: VolumeId::parse("vol-0aaaaaaaaaaaaaaa1").unwrap(),
+            device: "/dev/nvme1n1".into(),
+            staging_path: "/var/lib/kubelet/s".into(),
+            fs_type: FsType::Ext4,
+            mount_flags: vec![],
+            format: FormatOptions::default(),
+        };
+        let encoded = |stage: &StageRequest| {
+            let mut bytes = Vec::new();
+            ciborium::into_writer(&RequestFrame::new(Request::Stage(stage.clone())), &mut bytes).unwrap();
+            String::from_utf8_lossy(&bytes).contains("ext4_encryption")
+        };
+        assert_eq!(RequestFrame::new(Request::Stage(stage.clone())).version, OLDEST_VERSION);
+        assert!(!encoded(&stage));
+        stage.format.ext4_encryption = true;
+        assert_eq!(RequestFrame::new(Request::Stage(stage.clone())).version, 5);
+        assert!(encoded(&stage));
     }
 
     /// The fuzzer's seeds (`fuzz/seeds/request`) are well-formed frames,
