@@ -252,7 +252,8 @@ impl<E: Ec2> ControllerService<E> {
         let size_gib = size_gib(r.capacity_range.as_ref(), &kind, i64::from(at_least))?;
         // Checked against the documented limits before any EC2 call, then
         // capped at the zone's maximum once the zone is known.
-        kind.resolve_iops(size_gib, p.iops, p.iops_per_gib, p.allow_iops_increase)?;
+        let documented = kind.resolve_iops(size_gib, p.iops, p.iops_per_gib, p.allow_iops_increase)?;
+        kind.check_throughput(p.throughput, documented)?;
         let _guard = self.in_flight.acquire(name)?;
         let requirement = r.accessibility_requirements.as_ref();
         let zone = match &source {
