@@ -193,6 +193,18 @@ const LOCK_DURATION: &str = "lockduration";
 const LOCK_EXPIRATION_DATE: &str = "lockexpirationdate";
 const LOCK_COOL_OFF_PERIOD: &str = "lockcooloffperiod";
 
+/// A lowercased lock key as the Go driver's documentation spells it.
+fn spelled(key: &str) -> &str {
+    [
+        (LOCK_DURATION, "lockDuration"),
+        (LOCK_EXPIRATION_DATE, "lockExpirationDate"),
+        (LOCK_COOL_OFF_PERIOD, "lockCoolOffPeriod"),
+    ]
+    .into_iter()
+    .find_map(|(lower, name)| (lower == key).then_some(name))
+    .unwrap_or(key)
+}
+
 /// The snapshot lock a class asks for, if any (see [`snapshot`]).
 fn lock(lower: &HashMap<String, &String>) -> Result<Option<SnapshotLock>, ControllerError> {
     let invalid = |m: String| Err(ControllerError::InvalidArgument(m));
@@ -202,7 +214,7 @@ fn lock(lower: &HashMap<String, &String>) -> Result<Option<SnapshotLock>, Contro
                 .into_iter()
                 .find(|k| lower.contains_key(*k));
             return match stray {
-                Some(key) => invalid(format!("{key} needs lockMode")),
+                Some(key) => invalid(format!("{} needs lockMode", spelled(key))),
                 None => Ok(None),
             };
         }
@@ -217,7 +229,8 @@ fn lock(lower: &HashMap<String, &String>) -> Result<Option<SnapshotLock>, Contro
         match value.parse::<i32>() {
             Ok(n) if range.contains(&n) => Ok(Some(n)),
             _ => Err(ControllerError::InvalidArgument(format!(
-                "{key}={value:?} is outside EC2's {}–{}",
+                "{}={value:?} is outside EC2's {}–{}",
+                spelled(key),
                 range.start(),
                 range.end()
             ))),
@@ -550,10 +563,10 @@ mod tests {
                 ],
                 "lockCoolOffPeriod applies only to lockMode compliance",
             ),
-            (vec![("lockDuration", "1")], "lockduration needs lockMode"),
+            (vec![("lockDuration", "1")], "lockDuration needs lockMode"),
             (
                 vec![("lockMode", "compliance"), ("lockDuration", "0")],
-                "lockduration=\"0\" is outside EC2's 1–36500",
+                "lockDuration=\"0\" is outside EC2's 1–36500",
             ),
             (
                 vec![("outpostArn", "op-1")],

@@ -315,8 +315,11 @@ async fn a_pending_detachment_is_reported_while_it_is_waited_for() {
     let series = format!(
         r#"aws_ebs_csi_ec2_detach_pending_seconds_total{{attachment_state="detaching",instance_id="i-1",volume_id="{id}"}} "#
     );
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    assert!(tracker.render().contains(&series), "{}", tracker.render());
+    // Seen while the model keeps the attachment `detaching` (1.5 s).
+    while !tracker.render().contains(&series) {
+        assert!(!unpublishing.is_finished(), "detached before it was reported");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     unpublishing.await.unwrap().unwrap();
     assert!(!tracker.render().contains(&id), "{}", tracker.render());
 }
