@@ -15,6 +15,8 @@ VALIDATE_SPEC := kubernetes-validate>=1.37,<2 python-hcl2>=8,<9 pyyaml>=6,<7
 # gRPC clients of other stacks for tests/tests/grpc_clients.rs: grpcio here,
 # grpc-go (bookworm's 1.33, as old kubelets have) from APT_PACKAGES.
 GRPC_CLIENT_SPEC := grpcio>=1.60,<2
+# Plots of make bench (tests/bench/plot.py).
+PLOT_SPEC := matplotlib>=3.10,<4
 VENV := .venv
 
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
@@ -81,7 +83,7 @@ image-deps:
 
 ## moto: install moto, the validators and grpcio into $(VENV) once per
 ## spec (the stamp's name is the spec's hash, so a changed spec installs).
-PYTHON_SPEC := $(MOTO_SPEC) $(VALIDATE_SPEC) $(GRPC_CLIENT_SPEC)
+PYTHON_SPEC := $(MOTO_SPEC) $(VALIDATE_SPEC) $(GRPC_CLIENT_SPEC) $(PLOT_SPEC)
 PYTHON_STAMP := $(VENV)/.installed-$(shell echo '$(PYTHON_SPEC)' | sha256sum | cut -c1-12)
 moto: $(PYTHON_STAMP)
 
@@ -129,15 +131,20 @@ previous-helper:
 
 ## bench: speed and footprint against baselines measured in the same run
 ## (target/bench/report.md and report.json; docs/performance.md explains them).
-bench: deps
+bench: deps moto
 	$(CARGO) build --release --workspace --bins
-	@mkdir -p target/bench
-	EBS_CSI_BENCH_EC2=$(CURDIR)/target/bench/ec2.txt $(CARGO) test --quiet --release -p ebs-csi-controller -- --ignored bench_ec2_calls_per_volume
+	@mkdir -p target/bench && rm -f target/bench/ec2.txt
+	EBS_CSI_BENCH_EC2=$(CURDIR)/target/bench/ec2.txt $(CARGO) test --quiet --release -p ebs-csi-controller -- --ignored bench_
 	$(CARGO) run --quiet --release --bin ebs-csi-bench -- --out target/bench --ec2-rows target/bench/ec2.txt
+	$(VENV)/bin/python tests/bench/plot.py target/bench
 
 ## bench-smoke: the same code with tiny sizes and one repetition, so it cannot rot.
-bench-smoke:
-	$(CARGO) run --quiet --bin ebs-csi-bench -- --smoke --out target/bench-smoke
+bench-smoke: moto
+	@mkdir -p target/bench-smoke && rm -f target/bench-smoke/ec2.txt
+	EBS_CSI_BENCH_SMOKE=1 EBS_CSI_BENCH_EC2=$(CURDIR)/target/bench-smoke/ec2.txt \
+	  $(CARGO) test --quiet -p ebs-csi-controller -- --ignored bench_
+	$(CARGO) run --quiet --bin ebs-csi-bench -- --smoke --out target/bench-smoke --ec2-rows target/bench-smoke/ec2.txt
+	$(VENV)/bin/python tests/bench/plot.py target/bench-smoke
 
 # cargo fuzz needs nightly-only compiler flags; RUSTC_BOOTSTRAP lets the
 # machine's stable toolchain accept them (no other toolchain can be fetched).

@@ -22,6 +22,8 @@ use ebs_csi_proto::v1::controller_server::ControllerServer;
 use ebs_csi_proto::v1::identity_server::IdentityServer;
 
 use crate::ec2::batch::BatchConfig;
+use crate::ec2::limits::Limits;
+use crate::ec2::pacing::{Paced, RequestBuckets};
 use crate::ec2::sdk::SdkEc2;
 use crate::metrics::ApiMetrics;
 use crate::service::{ControllerService, IdentityService, Settings};
@@ -51,6 +53,12 @@ struct Args {
     /// Merge concurrent Describe calls into one call per 500 ms window.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     batching: bool,
+    /// EC2 request limits raised for this account above EC2's defaults, as
+    /// Action=CAPACITY/REFILL pairs (tokens, tokens per second), e.g.
+    /// AttachVolume=100/10,DetachVolume=100/10. Calls wait for a token of
+    /// their action's bucket instead of being throttled.
+    #[arg(long, default_value = "", value_parser = Limits::parse)]
+    ec2_request_limits: Limits,
     /// How long modification requests for one volume are collected into one
     /// ModifyVolume, e.g. 2s or 500ms.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
@@ -113,7 +121,10 @@ async fn main() -> anyhow::Result<()> {
     })
     .await
     .context("--http-endpoint")?;
-    let ec2 = Arc::new(SdkEc2::new(&config, metrics.clone()));
+    let ec2 = Arc::new(Paced::new(
+        SdkEc2::new(&config, metrics.clone()),
+        RequestBuckets::new(args.ec2_request_limits),
+    ));
     let settings = Settings {
         cluster_id: args.k8s_tag_cluster_id,
         extra_tags: tags::parse_extra(&args.extra_tags)

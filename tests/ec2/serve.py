@@ -18,6 +18,12 @@ by werkzeug as moto_server serves it. The middleware:
 - answers EnableFastSnapshotRestores and LockSnapshot (EC2 API Reference),
   keeping their state for DescribeFastSnapshotRestores and
   DescribeLockedSnapshots, element names as aws-sdk-ec2 deserializes them;
+- once POST /_request-limits turns them on, keeps EC2's request limits: a
+  token bucket per action, full at first and refilled every whole second
+  from then, with the capacities and refill rates of the Amazon EC2
+  Developer Guide, "Request throttling for the Amazon EC2 API" (BUCKETS
+  below); a call that finds its bucket empty is answered 503
+  RequestLimitExceeded, and GET /_request-limits answers how many were;
 - injects faults armed with POST /_faults/<name>?count=N, each the next N
   calls of its action (all actions for `throttle`), from FAULTS below;
   GET /_faults/<name> answers how many are left to fire.
@@ -32,6 +38,7 @@ import io
 import re
 import sys
 import threading
+import time
 import uuid
 from urllib.parse import parse_qs
 
@@ -66,6 +73,36 @@ FAULTS = {
         "The request uses the same client token as a previous, but non-identical request.",
     ),
 }
+
+# Request throttling for the Amazon EC2 API, tables "Request token bucket
+# sizes and refill rates" and "Uncategorized actions": (capacity, refill
+# per second). Uncategorized actions the controller sends:
+BUCKETS = {
+    "CreateVolume": (100, 5),
+    "DeleteVolume": (100, 5),
+    "CreateSnapshot": (100, 5),
+    "DeleteSnapshot": (100, 5),
+    "CreateTags": (100, 10),
+    "DeleteTags": (100, 10),
+}
+# Describe*, Get*, List*, Search*: "non-mutating actions" ...
+NON_MUTATING = (100, 20)
+# ... except these when asked without a filter or pagination.
+UNFILTERED = (50, 10)
+UNFILTERED_ACTIONS = {
+    "DescribeInstances",
+    "DescribeInstanceStatus",
+    "DescribeNetworkInterfaces",
+    "DescribeSecurityGroups",
+    "DescribeSnapshots",
+    "DescribeSpotInstanceRequests",
+    "DescribeVolumes",
+}
+# Every other action: "mutating actions".
+MUTATING = (50, 5)
+# While on: when they were turned on, each action's bucket as (tokens, whole
+# seconds refilled), and how many calls were throttled.
+limits = None
 
 armed = {}
 copies = {}
@@ -281,8 +318,30 @@ def describe_volume_status(environ, start_response, params):
     return respond(start_response, "DescribeVolumeStatus", f"<volumeStatusSet>{items}</volumeStatusSet>")
 
 
+def bucket_of(action, params):
+    if action in BUCKETS:
+        return BUCKETS[action]
+    if action.startswith(("Describe", "Get", "List", "Search")):
+        filtered = any(k.startswith("Filter.") or k in ("MaxResults", "NextToken") for k in params)
+        return UNFILTERED if action in UNFILTERED_ACTIONS and not filtered else NON_MUTATING
+    return MUTATING
+
+
+def within_limits(action, params):
+    """Takes a token of the action's bucket, if there is one."""
+    capacity, refill = bucket_of(action, params)
+    seconds = int(time.monotonic() - limits["since"])
+    tokens, refilled = limits["buckets"].get(action, (capacity, 0))
+    tokens = min(capacity, tokens + (seconds - refilled) * refill)
+    taken = tokens >= 1
+    limits["buckets"][action] = (tokens - 1 if taken else tokens, seconds)
+    limits["throttled"] += 0 if taken else 1
+    return taken
+
+
 def middleware(app):
     def serve(environ, start_response):
+        global limits
         path = environ.get("PATH_INFO", "")
         if path.startswith("/_faults/") and environ["REQUEST_METHOD"] == "GET":
             left = str(armed.get(path.removeprefix("/_faults/"), 0)).encode()
@@ -297,6 +356,13 @@ def middleware(app):
                 armed[name] = count
             start_response("204 No Content", [])
             return []
+        if path == "/_request-limits":
+            with lock:
+                if environ["REQUEST_METHOD"] == "POST":
+                    limits = {"since": time.monotonic(), "buckets": {}, "throttled": 0}
+                throttled = str(limits["throttled"] if limits else 0).encode()
+            start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(throttled)))])
+            return [throttled]
         if path.startswith("/_initializing/"):
             volume_id = path.removeprefix("/_initializing/")
             query = parse_qs(environ.get("QUERY_STRING", ""))
@@ -318,6 +384,8 @@ def middleware(app):
                     armed[name] -= 1
                     fields = {k: v[0] for k, v in params.items()}
                     return error(start_response, status, code, message.format(**fields))
+            if limits and action and not within_limits(action, params):
+                return error(start_response, *FAULTS["throttle"][1:])
         if action in ANSWERED_HERE:
             recorder._record_request(Served(environ), body)
         if action == "CopyVolumes":

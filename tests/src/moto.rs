@@ -127,6 +127,19 @@ impl Moto {
         left.trim().parse().expect("a count")
     }
 
+    /// Turns on EC2's request limits in `tests/ec2/serve.py` (a token
+    /// bucket per action, full from now on).
+    pub fn request_limits(&self) {
+        self.http("POST", "/_request-limits", "")
+            .expect("turning request limits on");
+    }
+
+    /// How many calls the request limits have throttled.
+    pub fn throttled_by_limits(&self) -> usize {
+        let throttled = self.http("GET", "/_request-limits", "").expect("throttled count");
+        throttled.trim().parse().expect("a count")
+    }
+
     /// Makes DescribeVolumeStatus report `volume_id` initializing
     /// (`progress` percent done, `seconds` left), or, with `None`,
     /// initialized again.

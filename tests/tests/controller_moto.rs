@@ -952,6 +952,51 @@ async fn batching_merges_describe_calls() {
     assert!(with * 2 < without, "{with} with batching vs {without} without");
 }
 
+/// EC2's request limits, kept by `tests/ec2/serve.py` as EC2 documents
+/// them: 60 volumes created, attached and detached at once are more
+/// AttachVolume and DetachVolume calls than their buckets hold (50), yet
+/// none is throttled: the controller waits for its tokens instead, and
+/// every RPC succeeds.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_controller_keeps_within_ec2s_request_limits() {
+    let Setup {
+        moto,
+        client,
+        controller: _controller,
+        _sandbox,
+    } = setup(&[]).await;
+    let nodes: Vec<String> = (0..3).map(|_| moto.run_instance(REGION, ZONE)).collect();
+    moto.request_limits();
+    moto.start_recording();
+    let tasks: Vec<_> = (0..60)
+        .map(|i| {
+            let mut client = client.clone();
+            let node = nodes[i % 3].clone();
+            tokio::spawn(async move {
+                let volume_id = create(&mut client, &format!("pvc-{i}"), 1).await.volume_id;
+                let publish = ControllerPublishVolumeRequest {
+                    volume_id: volume_id.clone(),
+                    node_id: node.clone(),
+                    volume_capability: Some(mount()),
+                    ..Default::default()
+                };
+                client.controller_publish_volume(publish).await.unwrap();
+                let unpublish = ControllerUnpublishVolumeRequest {
+                    volume_id,
+                    node_id: node,
+                    ..Default::default()
+                };
+                client.controller_unpublish_volume(unpublish).await.unwrap();
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(moto.throttled_by_limits(), 0);
+    assert_eq!(moto.recorded("AttachVolume"), 60, "each sent once");
+}
+
 /// The controller job of deploy/nomad as a Nomad client runs it (see
 /// `ebs_csi_tests::nomad`): root binds the socket in Nomad's root-only
 /// directory and hands it over; the controller serves it as nobody.

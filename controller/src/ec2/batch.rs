@@ -1,16 +1,22 @@
 //! Batching of Describe calls: lookups by id from concurrent callers
-//! within a short window become one call (the Go driver uses 500 ms and at
-//! most 500 ids). Ids that are not found come back as `None` to their own
-//! caller only; the batch call filters by id, which EC2 answers without an
-//! error for missing ids.
+//! become one call. A lookup in a quiet moment is sent after a short
+//! linger, so a burst of callers lands in one call. Under load the calls
+//! of one batcher keep apart: a new id waits until a gap has passed since
+//! the last call, an id that was in the last call (a wait looking again)
+//! until a whole window has, and each call carries everything asked for
+//! by then. The Go driver instead holds every lookup for a fixed 500 ms
+//! window (at most 500 ids). Ids that are not found come back as `None` to
+//! their own caller only; the batch call filters by id, which EC2 answers
+//! without an error for missing ids.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::{Ec2, Ec2Error, Instance, Modification, Selector, Snapshot, Volume, VolumeState};
 use crate::tags::VOLUME_NAME;
@@ -24,8 +30,13 @@ type Waiter<V> = oneshot::Sender<Result<Option<V>, Ec2Error>>;
 pub struct BatchConfig {
     /// Off: every lookup is its own call.
     pub enabled: bool,
-    /// How long the first lookup waits for others to join.
+    /// The least time between a call and the next that only looks again
+    /// at ids it had.
     pub window: Duration,
+    /// The least time between a call and the next that has a new id.
+    pub gap: Duration,
+    /// How long a lookup in a quiet moment waits for others to join.
+    pub linger: Duration,
     /// Ids per call at most; a full batch is sent at once.
     pub max_ids: usize,
 }
@@ -34,17 +45,43 @@ impl Default for BatchConfig {
     fn default() -> Self {
         Self {
             enabled: true,
-            window: Duration::from_millis(500),
+            window: Duration::from_millis(200),
+            gap: Duration::from_millis(100),
+            linger: Duration::from_millis(10),
             max_ids: 500,
         }
     }
 }
 
+/// The lookups waiting for the next call, when it is due, and what the
+/// last call was.
+struct Queue<V> {
+    waiters: HashMap<String, Vec<Waiter<V>>>,
+    /// The next call's time and generation; a call scheduled earlier than
+    /// planned makes the planned one stale.
+    due: Option<(Instant, u64)>,
+    generation: u64,
+    last_call: Option<(Instant, HashSet<String>)>,
+}
+
+impl<V> Default for Queue<V> {
+    fn default() -> Self {
+        Self {
+            waiters: HashMap::new(),
+            due: None,
+            generation: 0,
+            last_call: None,
+        }
+    }
+}
+
+type Shared<V> = Arc<Mutex<Queue<V>>>;
+
 /// Merges concurrent lookups by id into one call of `fetch`.
 pub struct Batcher<V> {
     config: BatchConfig,
     fetch: Fetch<V>,
-    pending: Arc<Mutex<HashMap<String, Vec<Waiter<V>>>>>,
+    queue: Shared<V>,
 }
 
 impl<V: Clone + Send + 'static> Batcher<V> {
@@ -52,11 +89,12 @@ impl<V: Clone + Send + 'static> Batcher<V> {
         Self {
             config,
             fetch,
-            pending: Arc::default(),
+            queue: Arc::default(),
         }
     }
 
-    /// Looks `id` up, together with whatever else is asked for in the window.
+    /// Looks `id` up, together with whatever else is asked for until the
+    /// next call.
     ///
     /// # Errors
     /// The batch call's error, given to every caller in the batch.
@@ -69,19 +107,34 @@ impl<V: Clone + Send + 'static> Batcher<V> {
                 .map(|(_, v)| v));
         }
         let (tx, rx) = oneshot::channel();
-        let (first, full) = {
-            let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-            let first = pending.is_empty();
-            pending.entry(id.to_owned()).or_default().push(tx);
-            (first, pending.len() >= self.config.max_ids)
+        let call = {
+            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            queue.waiters.entry(id.to_owned()).or_default().push(tx);
+            let now = Instant::now();
+            let at = if queue.waiters.len() >= self.config.max_ids {
+                now
+            } else {
+                let quiet = now + self.config.linger;
+                queue.last_call.as_ref().map_or(quiet, |(last, ids)| {
+                    let apart = if ids.contains(id) {
+                        self.config.window
+                    } else {
+                        self.config.gap
+                    };
+                    quiet.max(*last + apart)
+                })
+            };
+            (queue.due.is_none_or(|(due, _)| at < due)).then(|| {
+                queue.generation += 1;
+                queue.due = Some((at, queue.generation));
+                (at, queue.generation)
+            })
         };
-        if full {
-            tokio::spawn(flush(Arc::clone(&self.pending), Arc::clone(&self.fetch)));
-        } else if first {
-            let (pending, fetch, window) = (Arc::clone(&self.pending), Arc::clone(&self.fetch), self.config.window);
+        if let Some((at, generation)) = call {
+            let (queue, fetch) = (Arc::clone(&self.queue), Arc::clone(&self.fetch));
             tokio::spawn(async move {
-                tokio::time::sleep(window).await;
-                flush(pending, fetch).await;
+                tokio::time::sleep_until(at).await;
+                flush(queue, fetch, generation).await;
             });
         }
         rx.await
@@ -89,8 +142,18 @@ impl<V: Clone + Send + 'static> Batcher<V> {
     }
 }
 
-async fn flush<V: Clone>(pending: Arc<Mutex<HashMap<String, Vec<Waiter<V>>>>>, fetch: Fetch<V>) {
-    let waiters = std::mem::take(&mut *pending.lock().unwrap_or_else(PoisonError::into_inner));
+/// Makes the call of `generation`, unless an earlier one took its place.
+async fn flush<V: Clone>(queue: Shared<V>, fetch: Fetch<V>, generation: u64) {
+    let waiters = {
+        let mut queue = queue.lock().unwrap_or_else(PoisonError::into_inner);
+        if queue.due.is_none_or(|(_, due)| due != generation) {
+            return;
+        }
+        queue.due = None;
+        let waiters = std::mem::take(&mut queue.waiters);
+        queue.last_call = Some((Instant::now(), waiters.keys().cloned().collect()));
+        waiters
+    };
     if waiters.is_empty() {
         return;
     }
@@ -216,9 +279,8 @@ mod tests {
     async fn merges_concurrent_lookups_and_isolates_missing_ids() {
         let calls = Arc::new(AtomicUsize::new(0));
         let config = BatchConfig {
-            enabled: true,
             window: Duration::from_millis(50),
-            max_ids: 500,
+            ..BatchConfig::default()
         };
         let batcher = Arc::new(Batcher::new(config, counting(Arc::clone(&calls))));
         let lookups = (0..20).map(|i| {
@@ -243,9 +305,10 @@ mod tests {
     async fn sends_a_full_batch_at_once_and_can_be_disabled() {
         let calls = Arc::new(AtomicUsize::new(0));
         let config = BatchConfig {
-            enabled: true,
             window: Duration::from_secs(60),
+            linger: Duration::from_secs(60),
             max_ids: 2,
+            ..BatchConfig::default()
         };
         let batcher = Arc::new(Batcher::new(config, counting(Arc::clone(&calls))));
         let (a, b) = tokio::join!(batcher.get("a"), batcher.get("b"));
@@ -259,6 +322,39 @@ mod tests {
         );
         assert_eq!(off.get("c").await.unwrap(), Some(7));
         assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    /// A lookup in a quiet moment waits only the linger. Under load a
+    /// wait looking again at its id waits a window after the last call,
+    /// while a new id brings the call forward to a gap after it, and both
+    /// ride that one call.
+    #[tokio::test(start_paused = true)]
+    async fn lingers_when_quiet_and_keeps_calls_apart_under_load() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let config = BatchConfig {
+            window: Duration::from_millis(250),
+            gap: Duration::from_millis(100),
+            linger: Duration::from_millis(10),
+            ..BatchConfig::default()
+        };
+        let batcher = Arc::new(Batcher::new(config, counting(Arc::clone(&calls))));
+        let start = Instant::now();
+        let elapsed = || start.elapsed().as_millis();
+        batcher.get("a").await.unwrap();
+        assert_eq!(elapsed(), 10, "quiet: the linger");
+        let (again, new) = tokio::join!(batcher.get("a"), async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            batcher.get("b").await
+        });
+        assert_eq!((again.unwrap(), new.unwrap()), (Some(7), Some(7)));
+        assert_eq!(elapsed(), 110, "the new id: a gap after the first call");
+        batcher.get("b").await.unwrap();
+        assert_eq!(elapsed(), 360, "looking again: a window after the last call");
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let quiet = Instant::now();
+        batcher.get("c").await.unwrap();
+        assert_eq!(quiet.elapsed(), Duration::from_millis(10));
     }
 
     async fn futures_join<T>(handles: impl Iterator<Item = tokio::task::JoinHandle<T>>) -> Vec<T> {

@@ -3,8 +3,10 @@
 //! ([`sdk::SdkEc2`]) and, for unit tests, by an in-memory model.
 
 pub mod batch;
+pub mod limits;
 #[cfg(test)]
 pub mod model;
+pub mod pacing;
 pub mod sdk;
 
 use std::collections::BTreeMap;

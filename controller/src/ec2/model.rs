@@ -1,7 +1,8 @@
 //! An in-memory EC2 for unit tests: the behaviours moto lacks (DESIGN.md
 //! §5) — state changes that take time, ClientToken semantics with
 //! `IdempotentParameterMismatch`, attachment limits, Multi-Attach rules,
-//! refused device names, the modification cooldown and throttling.
+//! refused device names, the modification cooldown and throttling
+//! (EC2's documented request token buckets, [`super::limits`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, PoisonError};
@@ -9,6 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::limits::{Bucket, default_bucket};
 use super::{
     Attachment, AttachmentState, CreateSnapshotInput, CreateVolumeInput, Ec2, Ec2Error, Initializing, Instance,
     Modification, ModificationState, ModifyVolumeInput, Selector, Snapshot, SnapshotLock, SnapshotState, Tags, Volume,
@@ -41,6 +43,12 @@ pub struct Behaviour {
     /// encrypted, whatever CreateVolume's `Encrypted` says (Amazon EBS User
     /// Guide, "Encryption by default").
     pub encrypted_by_default: bool,
+    /// Calls draw on EC2's default request token buckets
+    /// ([`super::limits::default_bucket`]), refilled every whole second
+    /// since the model was made ("a set number of tokens is added back to
+    /// it every second"), and one that finds its bucket empty is answered
+    /// `RequestLimitExceeded`.
+    pub request_limits: bool,
 }
 
 impl Default for Behaviour {
@@ -56,6 +64,7 @@ impl Default for Behaviour {
             attachment_limit: 28,
             refused_names: Vec::new(),
             encrypted_by_default: false,
+            request_limits: false,
         }
     }
 }
@@ -72,13 +81,40 @@ struct State {
     ebs_cards_asked: Vec<Option<i32>>,
     calls: HashMap<&'static str, usize>,
     throttled_calls: usize,
+    throttled: usize,
+    buckets: HashMap<&'static str, ServerBucket>,
+    log: Vec<(Duration, bool)>,
     next_id: u64,
+}
+
+/// One action's bucket as EC2 keeps it: full at first, refilled in whole
+/// seconds.
+struct ServerBucket {
+    tokens: f64,
+    seconds: u64,
+}
+
+impl ServerBucket {
+    /// Takes a token `elapsed` after the model was made, if there is one.
+    fn take(&mut self, limit: Bucket, elapsed: Duration) -> bool {
+        let seconds = elapsed.as_secs();
+        #[allow(clippy::cast_precision_loss, reason = "seconds of a test run")]
+        let refill = (seconds - self.seconds) as f64 * limit.refill_per_second;
+        self.tokens = (self.tokens + refill).min(limit.capacity);
+        self.seconds = seconds;
+        let taken = self.tokens >= 1.0;
+        if taken {
+            self.tokens -= 1.0;
+        }
+        taken
+    }
 }
 
 /// The model.
 pub struct Model {
     behaviour: Behaviour,
     state: Mutex<State>,
+    made: Instant,
 }
 
 impl Model {
@@ -87,6 +123,7 @@ impl Model {
         Self {
             behaviour,
             state: Mutex::default(),
+            made: Instant::now(),
         }
     }
 
@@ -131,6 +168,17 @@ impl Model {
         self.state().calls.get(api).copied().unwrap_or_default()
     }
 
+    /// How many calls were answered `RequestLimitExceeded`.
+    pub fn throttled(&self) -> usize {
+        self.state().throttled
+    }
+
+    /// Every call: when, after the model was made, and whether it was
+    /// throttled.
+    pub fn call_log(&self) -> Vec<(Duration, bool)> {
+        self.state().log.clone()
+    }
+
     /// How many calls were made, all APIs together.
     pub fn total_calls(&self) -> usize {
         self.state().calls.values().sum()
@@ -147,8 +195,24 @@ impl Model {
     fn call(&self, api: &'static str) -> Result<std::sync::MutexGuard<'_, State>, Ec2Error> {
         let mut state = self.state();
         *state.calls.entry(api).or_default() += 1;
-        if state.throttled_calls > 0 {
-            state.throttled_calls -= 1;
+        let forced = state.throttled_calls > 0;
+        state.throttled_calls = state.throttled_calls.saturating_sub(1);
+        let limited = !forced && self.behaviour.request_limits && {
+            let action = match api {
+                "DryRun" => "DescribeAvailabilityZones",
+                _ => api.trim_end_matches("/DryRun"),
+            };
+            let limit = default_bucket(action);
+            let bucket = state.buckets.entry(action).or_insert(ServerBucket {
+                tokens: limit.capacity,
+                seconds: 0,
+            });
+            !bucket.take(limit, self.made.elapsed())
+        };
+        state.log.push((self.made.elapsed(), forced || limited));
+        if forced || limited {
+            state.throttled += 1;
+            // EC2 API Reference, "Error codes": RequestLimitExceeded.
             return Err(Ec2Error::Throttled(format!("{api}: Request limit exceeded.")));
         }
         self.advance(&mut state);
@@ -538,5 +602,38 @@ impl Ec2 for Model {
 
     async fn dry_run(&self) -> Result<(), Ec2Error> {
         self.call("DryRun").map(drop)
+    }
+}
+
+mod tests {
+    use super::*;
+
+    /// How many of `n` DescribeInstances calls in a row get through.
+    async fn answered(model: &Model, n: usize) -> usize {
+        let mut ok = 0;
+        for _ in 0..n {
+            ok += usize::from(model.describe_instances(Vec::new()).await.is_ok());
+        }
+        ok
+    }
+
+    /// EC2's example ("Request throttling for the Amazon EC2 API"): a
+    /// non-mutating bucket of 100 tokens is empty after 100 calls, refills
+    /// by 20 each second, and never holds more than 100.
+    #[tokio::test(start_paused = true)]
+    async fn a_bucket_empties_and_refills_as_ec2_documents() {
+        let model = Model::new(Behaviour {
+            request_limits: true,
+            ..Behaviour::default()
+        });
+        assert_eq!(answered(&model, 120).await, 100);
+        tokio::time::sleep(Duration::from_millis(999)).await;
+        assert_eq!(answered(&model, 1).await, 0, "refill comes in whole seconds");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(answered(&model, 30).await, 20);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert_eq!(answered(&model, 150).await, 100);
+        assert_eq!(model.throttled(), 20 + 1 + 10 + 50);
+        assert_eq!(model.calls("DescribeVolumes"), 0);
     }
 }

@@ -149,7 +149,7 @@ impl<E: Ec2> ControllerService<E> {
     /// `attaching` past the attach timeout is detached again.
     async fn wait_attached(&self, volume_id: &str, node_id: &str, device: &str) -> Result<(), ControllerError> {
         let what = format!("volume {volume_id} to attach to {node_id}");
-        let result = wait::until(&what, self.settings.attach_timeout, || async {
+        let result = wait::until(&what, self.settings.attach_timeout, self.cadence(), || async {
             let volume = self.describe.volumes.get(volume_id).await?;
             Ok(match volume.as_ref().and_then(|v| attachment_on(v, node_id)) {
                 Some(a) if a.state == AttachmentState::Attached && a.device == device => Look::Done(()),
@@ -194,6 +194,7 @@ impl<E: Ec2> ControllerService<E> {
         wait::until(
             &format!("volume {volume_id} to detach from {node_id}"),
             self.settings.state_timeout,
+            self.cadence(),
             || async {
                 let volume = self.describe.volumes.get(volume_id).await?;
                 let attachment = volume.as_ref().and_then(|v| attachment_on(v, node_id));

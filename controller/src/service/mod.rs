@@ -37,6 +37,7 @@ use iops_ceiling::IopsCeilings;
 use modify::Coalescer;
 use tokens::ClientTokens;
 use topology::ZonePicker;
+use wait::Cadence;
 
 /// Settings of the controller service.
 #[derive(Clone, Debug)]
@@ -104,6 +105,18 @@ impl<E: Ec2> ControllerService<E> {
             tokens: ClientTokens::default(),
             iops_ceilings: IopsCeilings::default(),
             ebs_cards: EbsCards::default(),
+        }
+    }
+}
+
+impl<E: Ec2> ControllerService<E> {
+    /// How waits look again: at once when batching holds the looks,
+    /// backing off when each look is a call of its own.
+    fn cadence(&self) -> Cadence {
+        if self.settings.batch.enabled {
+            Cadence::Batched
+        } else {
+            Cadence::Backoff
         }
     }
 }

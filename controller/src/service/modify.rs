@@ -255,6 +255,7 @@ impl<E: Ec2> ControllerService<E> {
         wait::until(
             &format!("the modification of volume {id}"),
             self.settings.state_timeout,
+            self.cadence(),
             || async {
                 Ok(match self.describe.modifications.get(&id).await? {
                     Some(m) if m.state == ModificationState::Failed => Look::Fail(ControllerError::Internal(format!(

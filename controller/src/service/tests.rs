@@ -16,6 +16,8 @@ use crate::ec2::{AttachmentState, Initializing, VolumeState};
 use crate::error::ControllerError;
 use crate::metrics::DetachPending;
 
+mod benches;
+
 const GIB: i64 = 1 << 30;
 
 fn controller(behaviour: Behaviour) -> (Arc<Model>, ControllerService<Model>) {
@@ -679,115 +681,6 @@ async fn volumes_are_cloned_in_the_source_zone_and_status_gives_the_condition() 
         ..request("pvc-clone-2", &[], capability(Mode::SingleNodeWriter, false))
     };
     assert_eq!(code(service.create(missing).await.unwrap_err()), Code::NotFound);
-}
-
-/// `make bench`, item 4: EC2 calls per volume for 100 volumes created,
-/// attached, detached and deleted concurrently against an EC2 whose state
-/// changes take realistic time (DESIGN.md §5), batching on and off. Writes
-/// `name|median|min|max|unit|baseline|target|met` lines to the file named
-/// by `EBS_CSI_BENCH_EC2` (printed otherwise). Not a test: `--ignored`.
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "a benchmark, run by make bench"]
-async fn bench_ec2_calls_per_volume() {
-    const VOLUMES: usize = 100;
-    let mut figures = Vec::new();
-    for batching in [true, false] {
-        let behaviour = Behaviour {
-            create_delay: Duration::from_millis(1500),
-            attach_delay: Some(Duration::from_millis(2500)),
-            detach_delay: Duration::from_millis(1500),
-            ..Behaviour::default()
-        };
-        let model = Arc::new(Model::new(behaviour));
-        for i in 0..4 {
-            model.add_instance(&format!("i-{i}"), "us-east-1a");
-        }
-        let settings = Settings {
-            batch: BatchConfig {
-                enabled: batching,
-                ..BatchConfig::default()
-            },
-            ..Settings::default()
-        };
-        let service = Arc::new(ControllerService::new(Arc::clone(&model), settings));
-        let started = std::time::Instant::now();
-        let tasks: Vec<_> = (0..VOLUMES)
-            .map(|i| {
-                let service = Arc::clone(&service);
-                tokio::spawn(async move {
-                    let mut times = [0.0f64; 4];
-                    let t = std::time::Instant::now();
-                    let id = create(&service, &format!("pvc-{i}")).await;
-                    times[0] = t.elapsed().as_secs_f64() * 1000.0;
-                    let node = format!("i-{}", i % 4);
-                    let t = std::time::Instant::now();
-                    service
-                        .publish(publish(&id, &node, capability(Mode::SingleNodeWriter, false)))
-                        .await
-                        .unwrap();
-                    times[1] = t.elapsed().as_secs_f64() * 1000.0;
-                    let t = std::time::Instant::now();
-                    let unpublish = ControllerUnpublishVolumeRequest {
-                        volume_id: id.clone(),
-                        node_id: node,
-                        ..Default::default()
-                    };
-                    service.unpublish(unpublish).await.unwrap();
-                    times[2] = t.elapsed().as_secs_f64() * 1000.0;
-                    let t = std::time::Instant::now();
-                    service
-                        .delete(DeleteVolumeRequest {
-                            volume_id: id,
-                            ..Default::default()
-                        })
-                        .await
-                        .unwrap();
-                    times[3] = t.elapsed().as_secs_f64() * 1000.0;
-                    times
-                })
-            })
-            .collect();
-        let mut per_rpc: [Vec<f64>; 4] = Default::default();
-        for task in tasks {
-            for (k, t) in task.await.unwrap().into_iter().enumerate() {
-                per_rpc[k].push(t);
-            }
-        }
-        let wall = started.elapsed().as_secs_f64() * 1000.0;
-        #[allow(clippy::cast_precision_loss, reason = "small counts")]
-        let calls_per_volume = model.total_calls() as f64 / VOLUMES as f64;
-        figures.push((batching, calls_per_volume, wall, per_rpc));
-    }
-    let mut lines = Vec::new();
-    let (with, without) = (figures[0].1, figures[1].1);
-    lines.push(format!("EC2 calls per volume, 100 volumes, batching (vs off)|{with}|{with}|{with}|calls|{without}|≤ 4.5 and ≤ 0.5× off|{}", with <= 4.5 && with <= 0.5 * without));
-    for (batching, _, wall, per_rpc) in &figures {
-        let mode = if *batching { "batching" } else { "no batching" };
-        lines.push(format!(
-            "100-volume lifecycle wall time, {mode}|{wall}|{wall}|{wall}|ms||report|true"
-        ));
-        for (name, samples) in [
-            "CreateVolume",
-            "ControllerPublishVolume",
-            "ControllerUnpublishVolume",
-            "DeleteVolume",
-        ]
-        .iter()
-        .zip(per_rpc)
-        {
-            let mut sorted = samples.clone();
-            sorted.sort_by(f64::total_cmp);
-            let (p50, p99) = (sorted[sorted.len() / 2], sorted[sorted.len() * 99 / 100]);
-            lines.push(format!(
-                "{name} p50 (min–max: p50–p99), {mode}|{p50}|{p50}|{p99}|ms||report|true"
-            ));
-        }
-    }
-    let text = lines.join("\n") + "\n";
-    match std::env::var_os("EBS_CSI_BENCH_EC2") {
-        Some(path) => std::fs::write(path, text).unwrap(),
-        None => print!("{text}"),
-    }
 }
 
 /// `volumeInitializationRate` (EC2 API Reference, CreateVolume): only for a

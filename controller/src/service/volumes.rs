@@ -354,6 +354,7 @@ impl<E: Ec2> ControllerService<E> {
         let result = wait::until(
             &format!("volume {id} to become available"),
             self.settings.create_timeout,
+            self.cadence(),
             || async {
                 Ok(match self.describe.volumes.get(&id).await? {
                     Some(v) if v.state == VolumeState::Available => Look::Done(v),

@@ -350,6 +350,9 @@ fn parse_ec2_row(line: &str) -> Option<Row> {
     let unit: &'static str = match *f.get(4)? {
         "calls" => "calls",
         "ms" => "ms",
+        "s" => "s",
+        "%" => "%",
+        "RPCs" => "RPCs",
         _ => "",
     };
     Some(Row {
