@@ -170,6 +170,7 @@ async fn bench_rpc_latency_and_calls_per_volume() {
     let mut lines = Vec::new();
     let mut calls = Vec::new();
     for batching in [true, false] {
+        eprintln!("bench P7: {volumes} volumes, batching {batching}");
         let model = Arc::new(model(false));
         for i in 0..4 {
             model.add_instance(&format!("i-{i}"), "us-east-1a");
@@ -268,7 +269,7 @@ const GO_QUOTA: u32 = 500;
 const GO_RETRY_COST: u32 = 5;
 
 impl GoRetries {
-    /// A number in [0, 1) (xorshift; fixed seed, so runs repeat).
+    /// A number in [0, 1) (xorshift from a fixed seed).
     #[allow(clippy::cast_precision_loss, reason = "53 bits are enough")]
     fn jitter(&self) -> f64 {
         let mut x = self.jitter.load(Ordering::Relaxed) ^ 0x9e37_79b9_7f4a_7c15;
@@ -371,16 +372,11 @@ async fn bench_throttled_lifecycle() {
         linger: Duration::from_millis(500),
         ..BatchConfig::default()
     };
-    let runs = [
-        (
-            "ebs-csi",
-            throttled_run(RequestBuckets::new(Limits::default()), BatchConfig::default(), volumes).await,
-        ),
-        (
-            "the Go driver's retries",
-            throttled_run(GoRetries::default(), go_window, volumes).await,
-        ),
-    ];
+    eprintln!("bench P6: {volumes} volumes, ebs-csi's pacing");
+    let ours = throttled_run(RequestBuckets::new(Limits::default()), BatchConfig::default(), volumes).await;
+    eprintln!("bench P6: {volumes} volumes, the Go driver's retries");
+    let go = throttled_run(GoRetries::default(), go_window, volumes).await;
+    let runs = [("ebs-csi", ours), ("the Go driver's retries", go)];
     let rows = runs.iter().flat_map(|(who, t)| {
         let seconds = t.per_second.iter().enumerate();
         seconds.map(move |(second, (answered, throttled))| format!("{who},{second},{answered},{throttled}"))
