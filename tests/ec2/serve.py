@@ -100,8 +100,8 @@ UNFILTERED_ACTIONS = {
 }
 # Every other action: "mutating actions".
 MUTATING = (50, 5)
-# While on: when they were turned on, each action's bucket as (tokens, whole
-# seconds refilled), and how many calls were throttled.
+# While on: when they were turned on, each bucket (by action and kind) as
+# (tokens, whole seconds refilled), and how many calls were throttled.
 limits = None
 
 armed = {}
@@ -329,13 +329,17 @@ def bucket_of(action, params):
 
 def within_limits(action, params):
     """Takes a token of the action's bucket, if there is one."""
-    capacity, refill = bucket_of(action, params)
+    bucket = bucket_of(action, params)
+    capacity, refill = bucket
+    # An unfiltered Describe call draws on a bucket of its own.
+    key = (action, bucket)
     seconds = int(time.monotonic() - limits["since"])
-    tokens, refilled = limits["buckets"].get(action, (capacity, 0))
+    tokens, refilled = limits["buckets"].get(key, (capacity, 0))
     tokens = min(capacity, tokens + (seconds - refilled) * refill)
     taken = tokens >= 1
-    limits["buckets"][action] = (tokens - 1 if taken else tokens, seconds)
-    limits["throttled"] += 0 if taken else 1
+    limits["buckets"][key] = (tokens - 1 if taken else tokens, seconds)
+    if not taken:
+        limits["throttled"] += 1
     return taken
 
 

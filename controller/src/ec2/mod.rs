@@ -318,7 +318,8 @@ pub enum Ec2Error {
     /// A parameter was refused.
     #[error("invalid parameter: {0}")]
     InvalidParameter(String),
-    /// Throttled, and the SDK's retries did not get through.
+    /// Throttled, and neither the SDK's retries nor the pacing's
+    /// ([`pacing`]) got through.
     #[error("throttled by EC2: {0}")]
     Throttled(String),
     /// The call could not be made or its answer not read (network, timeouts).

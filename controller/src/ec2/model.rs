@@ -81,7 +81,6 @@ struct State {
     ebs_cards_asked: Vec<Option<i32>>,
     calls: HashMap<&'static str, usize>,
     throttled_calls: usize,
-    throttled: usize,
     buckets: HashMap<&'static str, ServerBucket>,
     log: Vec<(Duration, bool)>,
     next_id: u64,
@@ -170,7 +169,7 @@ impl Model {
 
     /// How many calls were answered `RequestLimitExceeded`.
     pub fn throttled(&self) -> usize {
-        self.state().throttled
+        self.state().log.iter().filter(|(_, throttled)| *throttled).count()
     }
 
     /// Every call: when, after the model was made, and whether it was
@@ -211,7 +210,6 @@ impl Model {
         };
         state.log.push((self.made.elapsed(), forced || limited));
         if forced || limited {
-            state.throttled += 1;
             // EC2 API Reference, "Error codes": RequestLimitExceeded.
             return Err(Ec2Error::Throttled(format!("{api}: Request limit exceeded.")));
         }
