@@ -130,12 +130,14 @@ previous-helper:
 	fi
 
 ## bench: speed and footprint against baselines measured in the same run
-## (target/bench/report.md and report.json; docs/performance.md explains them).
-bench: deps moto
+## (target/bench/report.md and report.json; docs/performance.md explains them),
+## of the static binaries the images ship.
+bench: deps moto static
 	$(CARGO) build --release --workspace --bins
 	@mkdir -p target/bench && rm -f target/bench/ec2.txt
 	EBS_CSI_BENCH_EC2=$(CURDIR)/target/bench/ec2.txt $(CARGO) test --quiet --release -p ebs-csi-controller -- --ignored bench_
-	$(CARGO) run --quiet --release --bin ebs-csi-bench -- --out target/bench --ec2-rows target/bench/ec2.txt
+	EBS_CSI_BINARIES=$(abspath $(STATIC_DIR)) \
+	  $(CARGO) run --quiet --release --bin ebs-csi-bench -- --out target/bench --ec2-rows target/bench/ec2.txt
 	$(VENV)/bin/python tests/bench/plot.py target/bench
 
 ## bench-smoke: the same code with tiny sizes and one repetition, so it cannot rot.

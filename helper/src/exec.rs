@@ -22,7 +22,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use caps::{CapSet, Capability};
 use ebs_csi_helper_proto::HelperError;
@@ -175,7 +175,9 @@ impl Executor {
     }
 
     /// Runs `tool` with `args` on `target` (its fd 3, [`DEVICE_ARG`]) and
-    /// returns its output, whatever its exit status.
+    /// returns its output, whatever its exit status. Logs `exec` before and
+    /// `exited` after, with the exit status and the milliseconds from the
+    /// queue to the exit (`elapsed_ms`, a waiting turn included).
     ///
     /// # Errors
     /// [`HelperError::DeviceRefused`] when the device changed before the
@@ -198,12 +200,16 @@ impl Executor {
             fd3,
             reply,
         };
+        let started = Instant::now();
         self.jobs
             .send(job)
             .map_err(|_| system("exec", "the executor threads are gone"))?;
-        answer
+        let output = answer
             .recv()
-            .map_err(|_| system("exec", "the executor threads are gone"))?
+            .map_err(|_| system("exec", "the executor threads are gone"))??;
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+        tracing::info!(tool = tool.file_name(), status = %output.status, elapsed_ms = %format_args!("{elapsed_ms:.3}"), "exited");
+        Ok(output)
     }
 
     /// Runs `tool` and requires exit status 0.

@@ -105,10 +105,13 @@ fn serve_connection(stream: &mut UnixStream, peer_uid: u32, handler: &Handler, i
         Ok(frame) => {
             let span = tracing::info_span!("request", peer_uid, request = ?frame.request);
             let _entered = span.enter();
+            let started = Instant::now();
             let result = handler.handle(&frame.request);
+            let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+            let elapsed_ms = format_args!("{elapsed_ms:.3}");
             match &result {
-                Ok(reply) => tracing::info!(?reply, "done"),
-                Err(error) => tracing::warn!(?error, "refused"),
+                Ok(reply) => tracing::info!(?reply, %elapsed_ms, "done"),
+                Err(error) => tracing::warn!(?error, %elapsed_ms, "refused"),
             }
             result.map_or_else(Response::Err, Response::Ok)
         }

@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use ebs_csi_proto::v1::node_client::NodeClient;
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
@@ -15,6 +15,7 @@ use ebs_csi_proto::v1::*;
 use tonic::transport::Channel;
 
 use crate::loopdev::run;
+use crate::trace::ClientStamps;
 use crate::{Agent, Helper, LoopVolume, Sandbox};
 
 /// How big and how often.
@@ -113,6 +114,15 @@ pub struct Node {
     next: u64,
 }
 
+/// What [`Stager::stage_publish`] measured.
+#[derive(Clone, Copy, Debug)]
+pub struct StagePublish {
+    /// From sending NodeStageVolume to NodePublishVolume's answer.
+    pub elapsed: Duration,
+    /// The client's moments.
+    pub stamps: ClientStamps,
+}
+
 /// Drives NodeStage/NodePublish; cheap to clone for concurrent calls.
 #[derive(Clone)]
 pub struct Stager {
@@ -176,10 +186,12 @@ impl Stager {
         )
     }
 
-    /// NodeStage + NodePublish of `volume_id`; the time both took.
-    pub async fn stage_publish(&mut self, volume_id: &str, fs: &str) -> Duration {
+    /// NodeStage + NodePublish of `volume_id`: the time both took, and
+    /// when each was sent and answered (for [`crate::trace::steps`]).
+    pub async fn stage_publish(&mut self, volume_id: &str, fs: &str) -> StagePublish {
         let (staging, target) = self.paths(volume_id);
         let start = Instant::now();
+        let stage_sent = SystemTime::now();
         let stage = NodeStageVolumeRequest {
             volume_id: volume_id.into(),
             staging_target_path: staging.clone(),
@@ -191,6 +203,7 @@ impl Stager {
             assert_eq!(status.code(), tonic::Code::Unavailable, "NodeStageVolume: {status:?}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        let staged = SystemTime::now();
         let publish = NodePublishVolumeRequest {
             volume_id: volume_id.into(),
             staging_target_path: staging,
@@ -198,11 +211,20 @@ impl Stager {
             volume_capability: Some(capability(fs)),
             ..Default::default()
         };
+        let publish_sent = SystemTime::now();
         while let Err(status) = self.client.node_publish_volume(publish.clone()).await {
             assert_eq!(status.code(), tonic::Code::Unavailable, "NodePublishVolume: {status:?}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        start.elapsed()
+        StagePublish {
+            elapsed: start.elapsed(),
+            stamps: ClientStamps {
+                stage_sent,
+                staged,
+                publish_sent,
+                published: SystemTime::now(),
+            },
+        }
     }
 
     /// NodeUnpublish + NodeUnstage.
@@ -308,12 +330,22 @@ pub fn discarded_sectors(device: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-/// Resident set size of a process, MiB.
+/// Resident set size of a process, MiB (`VmRSS` of `/proc/PID/status`).
 pub fn rss_mib(pid: u32) -> f64 {
+    status_mib(pid, "VmRSS:")
+}
+
+/// The anonymous part of a process's resident set, MiB (`RssAnon`: heap,
+/// stacks; the rest of the RSS is mapped files, chiefly program text).
+pub fn anonymous_mib(pid: u32) -> f64 {
+    status_mib(pid, "RssAnon:")
+}
+
+fn status_mib(pid: u32, key: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib: f64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0.0);
     kib / 1024.0

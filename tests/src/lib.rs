@@ -28,6 +28,7 @@ pub mod loopdev;
 pub mod moto;
 pub mod nomad;
 pub mod qemu;
+pub mod trace;
 
 pub use loopdev::LoopVolume;
 
@@ -56,17 +57,24 @@ pub fn venv_program(name: &str) -> PathBuf {
     path
 }
 
-/// Path of a binary of this workspace, built next to the running
-/// executable (a test in `target/<profile>/deps`, or the demo in
-/// `target/<profile>`; `make test` builds every binary first).
+/// Path of a binary of this workspace: in the directory `EBS_CSI_BINARIES`
+/// names when set (`make bench` measures the static binaries the images
+/// ship), else built next to the running executable (a test in
+/// `target/<profile>/deps`, or the demo in `target/<profile>`; `make test`
+/// builds every binary first).
 pub fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().expect("exe dir");
-    let dir = if dir.ends_with("deps") {
-        dir.parent().expect("target dir")
-    } else {
-        dir
-    };
+    let dir = std::env::var_os("EBS_CSI_BINARIES").map_or_else(
+        || {
+            let exe = std::env::current_exe().expect("current exe");
+            let dir = exe.parent().expect("exe dir");
+            if dir.ends_with("deps") {
+                dir.parent().expect("target dir").to_owned()
+            } else {
+                dir.to_owned()
+            }
+        },
+        PathBuf::from,
+    );
     let path = dir.join(name);
     assert!(
         path.exists(),

@@ -10,6 +10,7 @@ use ebs_csi_proto::v1::{GetPluginInfoRequest, NodeGetInfoRequest, ProbeRequest};
 use ebs_csi_tests::bench::{self, Node, Row, Scale, summarize};
 use ebs_csi_tests::children::PeakChildren;
 use ebs_csi_tests::moto::Controller;
+use ebs_csi_tests::trace;
 use ebs_csi_tests::{LoopVolume, Sandbox, binary, link_ebs_device};
 
 /// Measures stage latency, large-volume formatting, device wait,
@@ -61,7 +62,8 @@ async fn main() -> anyhow::Result<()> {
     // A line per phase on stderr: a full run takes minutes.
     let phase = |name: &str| eprintln!("bench: {name}");
     phase("1/5 stage latency");
-    rows.extend(stage_latency(scale).await);
+    let (stage_rows, breakdown) = stage_latency(scale).await;
+    rows.extend(stage_rows);
     phase("2/5 large volumes");
     rows.extend(large_volumes(scale).await);
     phase("3/5 device wait");
@@ -74,7 +76,7 @@ async fn main() -> anyhow::Result<()> {
         rows.extend(text.lines().filter_map(parse_ec2_row));
     }
     std::fs::create_dir_all(&args.out)?;
-    let table = bench::markdown(&rows);
+    let table = format!("{}\n{}", bench::markdown(&rows), trace::markdown(&breakdown));
     std::fs::write(args.out.join("report.md"), &table)?;
     std::fs::write(args.out.join("report.json"), bench::json(&rows))?;
     println!("{table}");
@@ -83,16 +85,21 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// 1. NodeStage + NodePublish through agent and helper, against the floor
-///    and the Go driver's command sequence.
-async fn stage_latency(scale: Scale) -> Vec<Row> {
+///    and the Go driver's command sequence; and where its time goes, step
+///    by step, for each filesystem (median over the repetitions).
+async fn stage_latency(scale: Scale) -> (Vec<Row>, Vec<(&'static str, Vec<(String, f64)>)>) {
     let mut rows = Vec::new();
+    let mut breakdown = Vec::new();
     for fs in ["ext4", "xfs"] {
         let mut node = Node::start(&[]).await;
         let mut ours = Vec::new();
+        let mut traced = Vec::new();
         let (mut floor, mut go) = (Vec::new(), Vec::new());
         for _ in 0..scale.reps {
             let volume = node.volume(scale.volume_mib);
-            ours.push(bench::millis(node.stager.stage_publish(&volume.volume_id, fs).await));
+            let measured = node.stager.stage_publish(&volume.volume_id, fs).await;
+            ours.push(bench::millis(measured.elapsed));
+            traced.push((volume.volume_id.clone(), measured.stamps));
             node.stager.teardown(&volume.volume_id).await;
             let plain = node.plain_volume(scale.volume_mib);
             floor.push(bench::millis(bench::floor(&plain.device, node.sandbox.path(), fs)));
@@ -103,6 +110,27 @@ async fn stage_latency(scale: Scale) -> Vec<Row> {
                 fs,
             )));
         }
+        let (agent_log, helper_log) = (node.agent.process.log(), node.helper.process.log());
+        let runs: Vec<_> = traced
+            .iter()
+            .map(|(volume_id, stamps)| trace::steps(stamps, volume_id, &agent_log, &helper_log))
+            .collect();
+        for steps in &runs {
+            // The logs' shape is part of what is measured: a step missing
+            // means a log line changed and the breakdown would mislead.
+            for expected in [
+                "agent: staging → helper: received",
+                "helper: received → helper: exec blkid",
+                "helper: exec mkfs → helper: exited mkfs",
+                "helper: received → helper: create mount point",
+            ] {
+                assert!(
+                    steps.iter().any(|(name, _)| name == expected),
+                    "no step {expected:?} in {steps:?}"
+                );
+            }
+        }
+        breakdown.push((fs, trace::medians(&runs)));
         let size = scale.volume_mib;
         rows.push(row(
             &format!("NodeStage+NodePublish, {fs}, {size} MiB (vs floor)"),
@@ -129,7 +157,7 @@ async fn stage_latency(scale: Scale) -> Vec<Row> {
             |_, _| true,
         ));
     }
-    rows
+    (rows, breakdown)
 }
 
 /// 2. NodeStage of a 16 TiB-class device: our flags against the tools'
@@ -142,7 +170,9 @@ async fn large_volumes(scale: Scale) -> Vec<Row> {
         for _ in 0..scale.reps {
             let volume = node.volume(scale.large_mib);
             let before = bench::discarded_sectors(&volume.device);
-            ours.push(bench::millis(node.stager.stage_publish(&volume.volume_id, fs).await));
+            ours.push(bench::millis(
+                node.stager.stage_publish(&volume.volume_id, fs).await.elapsed,
+            ));
             ours_discarded.push(sectors(bench::discarded_sectors(&volume.device) - before));
             node.stager.teardown(&volume.volume_id).await;
             let file = volume.file.clone();
@@ -196,7 +226,7 @@ async fn device_wait(scale: Scale) -> Vec<Row> {
         for _ in 0..scale.reps.max(3) {
             // The stage work itself, with the device already there.
             let ready = node.volume(64);
-            let work = node.stager.stage_publish(&ready.volume_id, "ext4").await;
+            let work = node.stager.stage_publish(&ready.volume_id, "ext4").await.elapsed;
             node.stager.teardown(&ready.volume_id).await;
             let id = node.volume_id();
             let file = node.sandbox.path().join(format!("{id}.img"));
@@ -253,10 +283,8 @@ async fn footprint() -> Vec<Row> {
         client.node_get_info(NodeGetInfoRequest {}).await.expect("NodeGetInfo");
         identity.probe(ProbeRequest {}).await.expect("Probe");
     }
-    let (agent_busy, helper_busy) = (
-        bench::rss_mib(node.agent.process.pid()),
-        bench::rss_mib(node.helper.process.pid()),
-    );
+    let (agent_pid, helper_pid) = (node.agent.process.pid(), node.helper.process.pid());
+    let (agent_busy, helper_busy) = (bench::rss_mib(agent_pid), bench::rss_mib(helper_pid));
     rows.push(row(
         "agent RSS idle / after 100 Probe+NodeGetInfo",
         &[agent_idle, agent_busy],
@@ -273,6 +301,9 @@ async fn footprint() -> Vec<Row> {
         "≤ 2 MiB",
         |_, _| helper_busy <= 2.0,
     ));
+    for (name, pid) in [("agent", agent_pid), ("helper", helper_pid)] {
+        rows.push(anonymous_row(name, pid));
+    }
     rows.push(row(
         "helper + agent start to first ready Probe",
         &[start_ms],
@@ -281,7 +312,7 @@ async fn footprint() -> Vec<Row> {
         "≤ 20 ms",
         |v, _| v <= 20.0,
     ));
-    rows.push(controller_rss().await);
+    rows.extend(controller_rss().await);
     for (name, limit) in [
         ("ebs-csi-agent", 6.0),
         ("ebs-csi-helper", 2.0),
@@ -303,9 +334,22 @@ async fn footprint() -> Vec<Row> {
     rows
 }
 
+/// How much of a process's RSS is anonymous memory (the rest is mapped
+/// program text, shared with every process running the same file).
+fn anonymous_row(name: &str, pid: u32) -> Row {
+    row(
+        &format!("{name} RSS: of it anonymous (heap, stacks)"),
+        &[bench::anonymous_mib(pid)],
+        "MiB",
+        None,
+        "report",
+        |_, _| true,
+    )
+}
+
 /// The controller's RSS idle and after 100 GetPluginInfo (no EC2 call;
-/// its EC2 endpoint is a closed port).
-async fn controller_rss() -> Row {
+/// its EC2 endpoint is a closed port), and how much of it is anonymous.
+async fn controller_rss() -> [Row; 2] {
     let sandbox = Sandbox::new();
     let controller = Controller::start_in(sandbox.path(), "http://127.0.0.1:9", "us-east-1", &[]);
     let idle = bench::rss_mib(controller.process.pid());
@@ -317,14 +361,17 @@ async fn controller_rss() -> Row {
             .expect("GetPluginInfo");
     }
     let busy = bench::rss_mib(controller.process.pid());
-    row(
-        "controller RSS idle / after 100 GetPluginInfo",
-        &[idle, busy],
-        "MiB",
-        None,
-        "≤ 16 MiB",
-        |_, _| busy <= 16.0,
-    )
+    [
+        row(
+            "controller RSS idle / after 100 GetPluginInfo",
+            &[idle, busy],
+            "MiB",
+            None,
+            "≤ 16 MiB",
+            |_, _| busy <= 16.0,
+        ),
+        anonymous_row("controller", controller.process.pid()),
+    ]
 }
 
 /// 6. Volumes staged and published at once on one node (format limit 2, the default).
@@ -340,7 +387,7 @@ async fn concurrency(scale: Scale) -> Vec<Row> {
         .map(|v| {
             let mut client = node.stager.clone();
             let id = v.volume_id.clone();
-            tokio::spawn(async move { bench::millis(client.stage_publish(&id, "ext4").await) })
+            tokio::spawn(async move { bench::millis(client.stage_publish(&id, "ext4").await.elapsed) })
         })
         .collect();
     let mut per_volume = Vec::new();
