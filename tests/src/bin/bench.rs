@@ -6,6 +6,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use ebs_csi_helper::device::{self, IdentityPolicy};
+use ebs_csi_helper::mounts::MountTables;
+use ebs_csi_helper::path::AllowedRoots;
+use ebs_csi_helper_proto::VolumeId;
+use ebs_csi_linux::nvme::{EBS_MODEL, EBS_VENDOR_ID};
 use ebs_csi_proto::v1::{GetPluginInfoRequest, NodeGetInfoRequest, ProbeRequest};
 use ebs_csi_tests::bench::{self, Node, Row, Scale, summarize};
 use ebs_csi_tests::children::PeakChildren;
@@ -64,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
     phase("1/5 stage latency");
     let (stage_rows, breakdown) = stage_latency(scale).await;
     rows.extend(stage_rows);
+    rows.extend(helper_checks(scale).await);
     phase("2/5 large volumes");
     rows.extend(large_volumes(scale).await);
     phase("3/5 device wait");
@@ -158,6 +164,66 @@ async fn stage_latency(scale: Scale) -> (Vec<Row>, Vec<(&'static str, Vec<(Strin
         ));
     }
     (rows, breakdown)
+}
+
+/// 1b. The helper's checks before it runs blkid, each alone, in this
+///     process (µs per call, 200 calls): what the step "helper: received →
+///     helper: exec blkid" is made of. A loop device's identity proof reads
+///     its backing file's name from sysfs; an EBS volume's is an NVMe
+///     Identify Controller ioctl instead (the QEMU tests run it).
+async fn helper_checks(scale: Scale) -> Vec<Row> {
+    const CALLS: usize = 200;
+    let mut node = Node::start(&[]).await;
+    let volume = node.volume(scale.volume_mib);
+    let kubelet = node.sandbox.kubelet();
+    let staging = ebs_csi_tests::make_dir(&kubelet.join("plugins/staging/checks"));
+    let staging = staging.to_string_lossy();
+    let roots = AllowedRoots::open(&[kubelet]).expect("allowed roots");
+    let tables = MountTables::open();
+    let policy = IdentityPolicy {
+        nvme_vendor_id: EBS_VENDOR_ID,
+        nvme_model: EBS_MODEL.into(),
+        allow_loop_devices: true,
+    };
+    let volume_id = VolumeId::parse(&volume.volume_id).expect("volume id");
+    let device = volume.device.to_string_lossy();
+    let mounts = tables.read().expect("mountinfo");
+    let time = |check: &mut dyn FnMut()| -> Vec<f64> {
+        (0..CALLS)
+            .map(|_| {
+                let started = Instant::now();
+                check();
+                started.elapsed().as_secs_f64() * 1e6
+            })
+            .collect()
+    };
+    let checks: [(&str, Vec<f64>); 3] = [
+        (
+            "reading mountinfo (the helper's and PID 1's)",
+            time(&mut || drop(tables.read().expect("mountinfo"))),
+        ),
+        (
+            "resolving and opening the staging path beneath its root",
+            time(&mut || drop(roots.check(&staging).and_then(|p| p.open()).expect("staging path"))),
+        ),
+        (
+            "proving the device's identity and that the host does not use it",
+            time(&mut || drop(device::verify(&volume_id, &device, &policy, &roots, &mounts).expect("verified"))),
+        ),
+    ];
+    checks
+        .into_iter()
+        .map(|(name, samples)| {
+            row(
+                &format!("helper check alone: {name}"),
+                &samples,
+                "µs",
+                None,
+                "report",
+                |_, _| true,
+            )
+        })
+        .collect()
 }
 
 /// 2. NodeStage of a 16 TiB-class device: our flags against the tools'
