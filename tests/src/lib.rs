@@ -314,7 +314,8 @@ pub fn spawn(name: &'static str, mut command: Command, log: PathBuf, ready: &Pat
             ready.display(),
             process.log()
         );
-        std::thread::sleep(Duration::from_millis(10));
+        // A fine poll: `make bench` times the start to the first Probe.
+        std::thread::sleep(Duration::from_millis(1));
     }
     process
 }
