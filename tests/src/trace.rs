@@ -26,11 +26,11 @@ pub struct ClientStamps {
 /// Something logged at a moment: `at` in seconds since the epoch, `what`
 /// as `process: message` (`helper: exec blkid`).
 #[derive(Clone, Debug, PartialEq)]
-pub struct Moment {
+struct Moment {
     /// Seconds since the epoch.
-    pub at: f64,
+    at: f64,
     /// Who and what.
-    pub what: String,
+    what: String,
 }
 
 /// The RPCs traced, and how each process's log names them.
@@ -185,29 +185,34 @@ fn seconds(t: SystemTime) -> f64 {
 /// NodeStageVolume to NodePublishVolume's answer. They add up to the
 /// client's whole time.
 pub fn steps(client: &ClientStamps, volume_id: &str, agent_log: &str, helper_log: &str) -> Vec<(String, f64)> {
-    let mut timeline = Vec::new();
+    let mut timeline: Vec<(&str, Moment)> = Vec::new();
     for (rpc, sent, answered) in [
         (Rpc::Stage, client.stage_sent, client.staged),
         (Rpc::Publish, client.publish_sent, client.published),
     ] {
         let name = rpc.csi_name();
-        timeline.push(Moment {
-            at: seconds(sent),
-            what: format!("client: {name} sent"),
-        });
-        timeline.extend(moments(rpc, volume_id, agent_log, helper_log));
-        timeline.push(Moment {
-            at: seconds(answered),
-            what: format!("client: {name} answered"),
-        });
+        let client = |at, what: &str| Moment {
+            at: seconds(at),
+            what: format!("client: {what}"),
+        };
+        timeline.push((name, client(sent, "sent")));
+        timeline.extend(
+            moments(rpc, volume_id, agent_log, helper_log)
+                .into_iter()
+                .map(|m| (name, m)),
+        );
+        timeline.push((name, client(answered, "answered")));
     }
     timeline
         .windows(2)
         .map(|pair| {
-            (
-                format!("{} → {}", pair[0].what, pair[1].what),
-                (pair[1].at - pair[0].at) * 1e3,
-            )
+            let ((rpc, from), (next_rpc, to)) = (&pair[0], &pair[1]);
+            let name = if rpc == next_rpc {
+                format!("{rpc}: {} → {}", from.what, to.what)
+            } else {
+                format!("client: {rpc} answered → {next_rpc} sent")
+            };
+            (name, (to.at - from.at) * 1e3)
         })
         .collect()
 }
@@ -314,22 +319,22 @@ mod tests {
         assert_eq!(
             names,
             [
-                "client: NodeStageVolume sent → agent: received",
-                "agent: received → agent: staging",
-                "agent: staging → helper: received",
-                "helper: received → helper: exec blkid",
-                "helper: exec blkid → helper: exited blkid",
-                "helper: exited blkid → helper: answered",
-                "helper: answered → agent: answered",
-                "agent: answered → client: NodeStageVolume answered",
-                "client: NodeStageVolume answered → client: NodePublishVolume sent",
-                "client: NodePublishVolume sent → agent: received",
-                "agent: received → agent: publishing",
-                "agent: publishing → helper: received",
-                "helper: received → helper: bind mount",
-                "helper: bind mount → helper: answered",
-                "helper: answered → agent: answered",
-                "agent: answered → client: NodePublishVolume answered",
+                "NodeStageVolume: client: sent → agent: received",
+                "NodeStageVolume: agent: received → agent: staging",
+                "NodeStageVolume: agent: staging → helper: received",
+                "NodeStageVolume: helper: received → helper: exec blkid",
+                "NodeStageVolume: helper: exec blkid → helper: exited blkid",
+                "NodeStageVolume: helper: exited blkid → helper: answered",
+                "NodeStageVolume: helper: answered → agent: answered",
+                "NodeStageVolume: agent: answered → client: answered",
+                "client: NodeStageVolume answered → NodePublishVolume sent",
+                "NodePublishVolume: client: sent → agent: received",
+                "NodePublishVolume: agent: received → agent: publishing",
+                "NodePublishVolume: agent: publishing → helper: received",
+                "NodePublishVolume: helper: received → helper: bind mount",
+                "NodePublishVolume: helper: bind mount → helper: answered",
+                "NodePublishVolume: helper: answered → agent: answered",
+                "NodePublishVolume: agent: answered → client: answered",
             ]
         );
         let total: f64 = steps.iter().map(|(_, ms)| ms).sum();

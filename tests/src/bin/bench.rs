@@ -125,10 +125,12 @@ async fn stage_latency(scale: Scale) -> (Vec<Row>, Vec<(&'static str, Vec<(Strin
             // The logs' shape is part of what is measured: a step missing
             // means a log line changed and the breakdown would mislead.
             for expected in [
-                "agent: staging → helper: received",
-                "helper: received → helper: exec blkid",
-                "helper: exec mkfs → helper: exited mkfs",
-                "helper: received → helper: create mount point",
+                "NodeStageVolume: agent: staging → helper: received",
+                "NodeStageVolume: helper: received → helper: exec blkid",
+                "NodeStageVolume: helper: exec mkfs → helper: exited mkfs",
+                "NodeStageVolume: helper: answered → agent: answered",
+                "NodePublishVolume: helper: received → helper: create mount point",
+                "NodePublishVolume: helper: answered → agent: answered",
             ] {
                 assert!(
                     steps.iter().any(|(name, _)| name == expected),
