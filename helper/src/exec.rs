@@ -207,8 +207,9 @@ impl Executor {
         let output = answer
             .recv()
             .map_err(|_| system("exec", "the executor threads are gone"))??;
-        let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
-        tracing::info!(tool = tool.file_name(), status = %output.status, elapsed_ms = %format_args!("{elapsed_ms:.3}"), "exited");
+        // Milliseconds to the microsecond, a number in any log format.
+        let elapsed_ms = (started.elapsed().as_secs_f64() * 1e6).round() / 1e3;
+        tracing::info!(tool = tool.file_name(), status = %output.status, elapsed_ms, "exited");
         Ok(output)
     }
 

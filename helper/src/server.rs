@@ -107,11 +107,10 @@ fn serve_connection(stream: &mut UnixStream, peer_uid: u32, handler: &Handler, i
             let _entered = span.enter();
             let started = Instant::now();
             let result = handler.handle(&frame.request);
-            let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
-            let elapsed_ms = format_args!("{elapsed_ms:.3}");
+            let elapsed_ms = (started.elapsed().as_secs_f64() * 1e6).round() / 1e3;
             match &result {
-                Ok(reply) => tracing::info!(?reply, %elapsed_ms, "done"),
-                Err(error) => tracing::warn!(?error, %elapsed_ms, "refused"),
+                Ok(reply) => tracing::info!(?reply, elapsed_ms, "done"),
+                Err(error) => tracing::warn!(?error, elapsed_ms, "refused"),
             }
             result.map_or_else(Response::Err, Response::Ok)
         }

@@ -757,6 +757,11 @@ async fn volumes_that_cannot_exist_are_not_found() {
         line.starts_with('{') && line.ends_with('}') && line.contains(r#""code":"NotFound""#),
         "{line}"
     );
+    let object: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert!(
+        object["fields"]["latency_ms"].is_f64(),
+        "the latency is not a number: {line}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

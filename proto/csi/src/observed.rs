@@ -8,7 +8,7 @@ use tonic::{Response, Status};
 /// Runs one RPC and logs its outcome: every failure at warn, with its gRPC
 /// code and cause; a `mutating` RPC that succeeds once at info. Both carry
 /// `subject` (the volume id, or a new volume's or snapshot's name) and the
-/// latency in milliseconds (three decimals). Request strings are logged escaped (`Debug`);
+/// latency in milliseconds (to the microsecond). Request strings are logged escaped (`Debug`);
 /// nothing else of the request is logged, so its secrets never are.
 ///
 /// # Errors
@@ -21,13 +21,13 @@ pub async fn observed<T, E: Into<Status>>(
 ) -> Result<Response<T>, Status> {
     let started = Instant::now();
     let result = call.await.map_err(Into::into);
-    let latency_ms = started.elapsed().as_secs_f64() * 1e3;
-    let latency_ms = format_args!("{latency_ms:.3}");
+    // Milliseconds to the microsecond, a number in the JSON format too.
+    let latency_ms = (started.elapsed().as_secs_f64() * 1e6).round() / 1e3;
     match &result {
         Err(status) => {
-            tracing::warn!(rpc, ?subject, code = ?status.code(), cause = ?status.message(), %latency_ms, "failed");
+            tracing::warn!(rpc, ?subject, code = ?status.code(), cause = ?status.message(), latency_ms, "failed");
         }
-        Ok(_) if mutating => tracing::info!(rpc, ?subject, %latency_ms, "done"),
+        Ok(_) if mutating => tracing::info!(rpc, ?subject, latency_ms, "done"),
         Ok(_) => {}
     }
     result.map(Response::new)
