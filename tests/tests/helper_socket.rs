@@ -7,7 +7,7 @@
 )]
 
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ebs_csi_helper_proto::{HelperClient, PROTOCOL_VERSION, Reply, Request};
 use ebs_csi_tests::{AGENT_UID, Sandbox, binary, require_root, run_as, wait_until};
@@ -126,9 +126,22 @@ fn the_helper_runs_with_least_privilege() {
         assert_eq!(field("Seccomp:"), filtered, "{name}: seccomp mode");
     }
     assert_eq!(executors, 3, "one tools thread and two formatter threads");
-    let fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .map(|e| std::fs::read_link(e.unwrap().path()).unwrap().display().to_string())
-        .collect();
-    assert!(fds.len() <= 6, "unexpected descriptors: {fds:?}");
+    // stdin, stdout, stderr, the allowed root, PID 1's mountinfo and the
+    // listening socket. The helper closes a connection right after its
+    // answer, so the Ping's may still be open when the answer arrives: wait
+    // for it to go (a descriptor that stays is a leak, and fails here).
+    let descriptors = || -> Vec<String> {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.unwrap().path()).ok())
+            .map(|target| target.display().to_string())
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut open = descriptors();
+    while open.len() > 6 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+        open = descriptors();
+    }
+    assert!(open.len() <= 6, "unexpected descriptors: {open:?}");
 }

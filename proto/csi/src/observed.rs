@@ -8,8 +8,9 @@ use tonic::{Response, Status};
 /// Runs one RPC and logs its outcome: every failure at warn, with its gRPC
 /// code and cause; a `mutating` RPC that succeeds once at info. Both carry
 /// `subject` (the volume id, or a new volume's or snapshot's name) and the
-/// latency in milliseconds (to the microsecond). Request strings are logged escaped (`Debug`);
-/// nothing else of the request is logged, so its secrets never are.
+/// latency in milliseconds (to the microsecond). Request strings are
+/// logged escaped (`Debug`); nothing else of the request is logged, so its
+/// secrets never are.
 ///
 /// # Errors
 /// The call's error, as its gRPC status.
