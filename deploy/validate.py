@@ -190,6 +190,8 @@ def check_helper(where, pod_spec, agent, helper):
         fail(where, "the agent's --helper-socket is not the helper's --socket")
     if not any(m.get("mountPropagation") == "Bidirectional" for m in helper.get("volumeMounts", [])):
         fail(where, "the helper's kubelet directory needs Bidirectional propagation")
+    if pod_spec.get("hostPID") is not True:
+        fail(where, "the helper needs the node's PID namespace (hostPID: true) to read the node's mount table")
 
 
 def requires_helper_label(pod_spec):
@@ -557,6 +559,8 @@ BREAKS = [
      "ebs-csi-helper: is not privileged"),
     ("kubernetes/overlays/standard/helper-container.yaml", "--allowed-uid=990", "--allowed-uid=0",
      "must allow uid and group"),
+    ("kubernetes/overlays/standard/helper-container.yaml", "hostPID: true", "hostPID: false",
+     "the helper needs the node's PID namespace"),
     ("kubernetes/overlays/hardened/helper-socket.yaml", "mountPath: /run/ebs-csi", "mountPath: /run/other",
      "helper's socket directory"),
     ("kubernetes/overlays/hardened/helper-socket.yaml", 'values: ["installed"]', 'values: ["yes"]',

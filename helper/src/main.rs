@@ -61,6 +61,12 @@ struct Args {
     /// Seconds a peer has to send its whole request, and to read the answer.
     #[arg(long, default_value_t = 5)]
     io_timeout_seconds: u64,
+    /// Start although the helper's PID namespace is not the node's initial
+    /// one: only on a node that is itself a container (kind), where PID 1 of
+    /// this namespace is the node's init and its mount table the node's.
+    /// Never in a pod without hostPID, where PID 1 is the pod's own.
+    #[arg(long)]
+    nested_pid_namespace: bool,
     /// Seconds a tool (blkid, mkfs, resize2fs, xfs_growfs) may run before
     /// it is killed with its process group. The default leaves room for
     /// formatting and growing a 16 TiB volume.
@@ -85,9 +91,10 @@ fn main() -> anyhow::Result<()> {
         .init();
     // 4. Open the allowed roots; every path is resolved beneath these fds.
     //    Keep PID 1's mount table open (a helper in a container sees the
-    //    host's mounts through it).
+    //    host's mounts through it); refuse to start where PID 1 is not the
+    //    node's init.
     let roots = AllowedRoots::open(&args.allowed_roots).context("opening the allowed roots")?;
-    let mounts = MountTables::open();
+    let mounts = MountTables::open(args.nested_pid_namespace).context("opening the node's mount table")?;
     // 5. Bind the socket (owner root, the agent's group, mode 0660).
     let listener = match activated {
         Some(listener) => listener,

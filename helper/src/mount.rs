@@ -60,12 +60,17 @@ pub fn inspect(fd: &OwnedFd) -> Result<Node, HelperError> {
     })
 }
 
+/// The error behaviour ext2/3/4 are mounted with unless the request asks
+/// `errors=continue` (the only other one allowed, see [`crate::options`]).
+pub const EXT_ERRORS_DEFAULT: &str = "errors=remount-ro";
+
 /// Mounts the filesystem on `device` at the directory `target` with
 /// `mount(2)`. The source is the kernel's name for the device
 /// ([`VerifiedDevice::path`], see [`crate::device`] for why not the fd),
 /// verified again right before the call; the caller checks the new mount
 /// right after. Always `nosuid,nodev`; XFS always `nouuid`, so a copy
-/// restored from a snapshot mounts beside its source.
+/// restored from a snapshot mounts beside its source; ext2/3/4
+/// [`EXT_ERRORS_DEFAULT`] unless the request gives `errors=`.
 ///
 /// # Errors
 /// [`HelperError::DeviceRefused`] when the device changed,
@@ -79,6 +84,13 @@ pub fn mount_filesystem(
     let mut data = options.data.clone();
     if fs == FsType::Xfs && !data.iter().any(|o| o == "nouuid") {
         data.push("nouuid".to_owned());
+    }
+    if fs != FsType::Xfs && !data.iter().any(|o| o.starts_with("errors=")) {
+        // ext* takes its error behaviour from the superblock unless the
+        // mount gives one (ext4(5), "errors="): an image made with
+        // `tune2fs -e panic` would panic the node on the first
+        // inconsistency the kernel finds in it.
+        data.push(EXT_ERRORS_DEFAULT.to_owned());
     }
     if !selinux_enabled() && data.iter().any(|o| o.starts_with("context=")) {
         // The kernel refuses a label it has no LSM for (EINVAL); mount(8)

@@ -1,6 +1,7 @@
 //! The socket loop: check the peer, read one frame, handle, answer.
 
 use std::io::{self, Read};
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,6 +13,7 @@ use ebs_csi_helper_proto::{
 };
 
 use crate::handler::Handler;
+use crate::sys;
 
 /// How the server admits and times connections.
 #[derive(Clone, Debug)]
@@ -69,16 +71,14 @@ pub fn serve(listener: &UnixListener, handler: Arc<Handler>, config: &ServerConf
     Ok(())
 }
 
-/// The peer's uid if it is allowed; logs and returns `None` otherwise.
+/// The peer's uid if it is allowed; logs and returns `None` otherwise. A
+/// peer whose process the helper cannot see (pid 0) is admitted on its uid
+/// alone, as any other.
 fn admitted_peer(stream: &UnixStream, allowed_uids: &[u32]) -> Option<u32> {
-    match rustix::net::sockopt::socket_peercred(stream) {
-        Ok(cred) if allowed_uids.contains(&cred.uid.as_raw()) => Some(cred.uid.as_raw()),
+    match sys::peer_credentials(stream.as_fd()) {
+        Ok(cred) if allowed_uids.contains(&cred.uid) => Some(cred.uid),
         Ok(cred) => {
-            tracing::warn!(
-                peer_uid = cred.uid.as_raw(),
-                peer_pid = cred.pid.as_raw_nonzero().get(),
-                "refused peer"
-            );
+            tracing::warn!(peer_uid = cred.uid, peer_pid = cred.pid, "refused peer");
             None
         }
         Err(e) => {

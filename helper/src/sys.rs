@@ -1,12 +1,13 @@
-//! Every `unsafe` block of the helper: `BLKGETDISKSEQ`, closing inherited
-//! descriptors and clearing the environment at start, and setting up a
-//! tool's descriptors and capabilities in the child before it execs. (The
+//! Every `unsafe` block of the helper: `BLKGETDISKSEQ`, the peer's
+//! credentials, closing inherited descriptors and clearing the environment
+//! at start, and setting up a tool's descriptors and capabilities in the
+//! child before it execs. (The
 //! NVMe admin ioctl and taking the socket systemd passes are in
 //! `ebs-csi-linux`, which the agent shares.)
 #![allow(unsafe_code)]
 
 use std::io;
-use std::os::fd::{BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::sync::Arc;
@@ -28,6 +29,46 @@ pub(crate) fn disk_sequence(fd: BorrowedFd<'_>) -> io::Result<Option<u64>> {
         Err(rustix::io::Errno::NOTTY) => Ok(None),
         Err(e) => Err(e.into()),
     }
+}
+
+/// A socket peer's credentials as `SO_PEERCRED` reports them (unix(7)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCredentials {
+    /// The peer's process id in the helper's PID namespace; 0 when the
+    /// peer's process is not visible there (unix(7)), as the agent's is
+    /// to a helper in a PID namespace of its own.
+    pub pid: i32,
+    /// The peer's effective uid at `connect(2)`.
+    pub uid: u32,
+}
+
+/// `getsockopt(SO_PEERCRED)` into the kernel's `struct ucred`, whose pid
+/// may be 0. (rustix 1.1's `socket_peercred` reads the pid into a non-zero
+/// type, undefined behaviour for such a peer.)
+pub(crate) fn peer_credentials(socket: BorrowedFd<'_>) -> io::Result<PeerCredentials> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()).unwrap_or(libc::socklen_t::MAX);
+    // SAFETY: the kernel writes at most `len` bytes, the size of `cred`,
+    // which lives for the call; every bit pattern is a valid `ucred`.
+    let result = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            std::ptr::from_mut(&mut cred).cast(),
+            &raw mut len,
+        )
+    };
+    if result != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if usize::try_from(len).ok() != Some(std::mem::size_of::<libc::ucred>()) {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "short SO_PEERCRED answer"));
+    }
+    Ok(PeerCredentials {
+        pid: cred.pid,
+        uid: cred.uid,
+    })
 }
 
 /// Closes every descriptor from `first` up (`close_range(2)`, Linux

@@ -29,6 +29,7 @@ pub mod moto;
 pub mod nomad;
 pub mod qemu;
 pub mod trace;
+pub mod unreadable;
 
 pub use loopdev::LoopVolume;
 

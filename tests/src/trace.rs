@@ -68,7 +68,7 @@ impl Rpc {
 struct Line<'a> {
     at: f64,
     span: &'a str,
-    message: String,
+    message: &'a str,
     fields: &'a str,
 }
 
@@ -81,16 +81,17 @@ impl<'a> Line<'a> {
         let target_at = rest.find(" ebs_csi_")?;
         let (span, after) = rest.split_at(target_at);
         let (_, text) = after.split_once(": ")?;
-        let field_at = text
+        // The message is the words before the first `name=value`.
+        let message_len: usize = text
             .split(' ')
-            .position(|word| word.contains('='))
-            .unwrap_or(usize::MAX);
-        let message: Vec<&str> = text.split(' ').take(field_at).collect();
-        let fields = text.get(message.join(" ").len()..).unwrap_or("").trim_start();
+            .take_while(|word| !word.contains('='))
+            .map(|word| word.len() + 1)
+            .sum();
+        let (message, fields) = text.split_at(message_len.min(text.len()));
         Some(Self {
             at,
             span,
-            message: message.join(" "),
+            message: message.trim_end(),
             fields,
         })
     }
@@ -117,7 +118,7 @@ impl<'a> Line<'a> {
 /// answer.
 fn moments(rpc: Rpc, volume_id: &str, agent_log: &str, helper_log: &str) -> Vec<Moment> {
     let mut moments = Vec::new();
-    let quoted = format!("{volume_id:?}");
+    let (quoted, in_path) = (format!("{volume_id:?}"), format!("/{volume_id}/"));
     for line in agent_log
         .lines()
         .filter(|l| l.contains(volume_id))
@@ -142,11 +143,11 @@ fn moments(rpc: Rpc, volume_id: &str, agent_log: &str, helper_log: &str) -> Vec<
     }
     let helper_lines = helper_log
         .lines()
-        .filter(|l| l.contains(&quoted) || l.contains(&format!("/{volume_id}/")))
+        .filter(|l| l.contains(&quoted) || l.contains(&in_path))
         .filter_map(Line::parse)
         .filter(|l| l.span.contains(rpc.helper_span()));
     for line in helper_lines {
-        let what = match line.message.as_str() {
+        let what = match line.message {
             "exec" => format!("exec {}", tool_name(line.field("tool").unwrap_or(""))),
             "exited" => format!("exited {}", tool_name(line.field("tool").unwrap_or(""))),
             "done" => {

@@ -69,7 +69,7 @@ async fn main() -> anyhow::Result<()> {
     phase("1/5 stage latency");
     let (stage_rows, breakdown) = stage_latency(scale).await;
     rows.extend(stage_rows);
-    rows.extend(helper_checks(scale).await);
+    rows.extend(helper_checks(scale));
     phase("2/5 large volumes");
     rows.extend(large_volumes(scale).await);
     phase("3/5 device wait");
@@ -173,15 +173,15 @@ async fn stage_latency(scale: Scale) -> (Vec<Row>, Vec<(&'static str, Vec<(Strin
 ///     helper: exec blkid" is made of. A loop device's identity proof reads
 ///     its backing file's name from sysfs; an EBS volume's is an NVMe
 ///     Identify Controller ioctl instead (the QEMU tests run it).
-async fn helper_checks(scale: Scale) -> Vec<Row> {
+fn helper_checks(scale: Scale) -> Vec<Row> {
     const CALLS: usize = 200;
-    let mut node = Node::start(&[]).await;
-    let volume = node.volume(scale.volume_mib);
-    let kubelet = node.sandbox.kubelet();
+    let sandbox = Sandbox::new();
+    let volume = LoopVolume::create(sandbox.path(), &format!("vol-{:017x}", 0xc4ec_u64), scale.volume_mib);
+    let kubelet = sandbox.kubelet();
     let staging = ebs_csi_tests::make_dir(&kubelet.join("plugins/staging/checks"));
     let staging = staging.to_string_lossy();
     let roots = AllowedRoots::open(&[kubelet]).expect("allowed roots");
-    let tables = MountTables::open();
+    let tables = MountTables::open(false).expect("the node's mount table");
     let policy = IdentityPolicy {
         nvme_vendor_id: EBS_VENDOR_ID,
         nvme_model: EBS_MODEL.into(),

@@ -306,10 +306,10 @@ fn an_unreadable_disk_is_never_blank() {
         HelperClient::new(PathBuf::from(HELPER_SOCKET), Duration::from_secs(120)).call(request)
     });
     // blkid answers "nothing found" for what it cannot read; the helper's
-    // own read of the first MiB is what refuses.
+    // own read of where libblkid looks is what refuses.
     let expected = HelperError::System {
-        operation: "proving the device blank".into(),
-        detail: "reading byte 0: Input/output error (os error 5)".into(),
+        operation: format!("proving volume {volume} blank"),
+        detail: format!("{}: reading byte 0: Input/output error (os error 5)", device.display()),
     };
     assert!(
         matches!(&answer, Err(ClientError::Helper(e)) if *e == expected),
