@@ -4,8 +4,8 @@
 #   OUT/ebs-csi.oci.tar         the three static binaries and CA certificates
 #                               (controller, agent; and the helper binary)
 #   OUT/ebs-csi-helper.oci.tar  the static helper plus the tools it runs
-#                               (mkfs.ext2/3/4, mkfs.xfs, blkid, resize2fs,
-#                               xfs_growfs) and their shared libraries, taken
+#                               (mkfs.ext2/3/4, mkfs.xfs, blkid, xfs_growfs)
+#                               and their shared libraries, taken
 #                               from this build host's Debian packages
 # Usage: build.sh BIN_DIR OUT_DIR VERSION
 # Runs as root; uses the vfs storage driver and chroot isolation (no
@@ -13,7 +13,7 @@
 set -eu
 bin=$1 out=$2 version=$3
 export STORAGE_DRIVER=vfs BUILDAH_ISOLATION=chroot
-tools="blkid mkfs.ext2 mkfs.ext3 mkfs.ext4 mkfs.xfs resize2fs xfs_growfs"
+tools="blkid mkfs.ext2 mkfs.ext3 mkfs.ext4 mkfs.xfs xfs_growfs"
 mkdir -p "$out"
 
 # new_image NAME: a scratch working container, labelled.

@@ -24,7 +24,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
-use caps::{CapSet, Capability};
+use caps::Capability;
 use ebs_csi_helper_proto::HelperError;
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::process::{Pid, PidfdFlags, Signal};
@@ -44,7 +44,7 @@ pub const DEVICE_ARG: &str = "/proc/self/fd/3";
 /// verified again right before the exec.
 #[derive(Clone, Copy, Debug)]
 pub enum ToolTarget<'a> {
-    /// The verified device itself (blkid, mkfs, resize2fs).
+    /// The verified device itself (blkid, mkfs).
     Device(&'a VerifiedDevice),
     /// The root of a mount of the verified device (`xfs_growfs`, which
     /// takes a mount point).
@@ -64,8 +64,6 @@ pub enum Tool {
     MkfsExt4,
     /// `mkfs.xfs` (xfsprogs).
     MkfsXfs,
-    /// `resize2fs` (e2fsprogs): grows a mounted ext2/3/4 filesystem.
-    Resize2fs,
     /// `xfs_growfs` (xfsprogs): grows a mounted XFS filesystem.
     XfsGrowfs,
 }
@@ -82,7 +80,6 @@ impl Tool {
             Self::MkfsExt3 => "mkfs.ext3",
             Self::MkfsExt4 => "mkfs.ext4",
             Self::MkfsXfs => "mkfs.xfs",
-            Self::Resize2fs => "resize2fs",
             Self::XfsGrowfs => "xfs_growfs",
         }
     }
@@ -90,15 +87,14 @@ impl Tool {
     /// The capabilities the tool runs with, as a mask of capability bits:
     /// `xfs_growfs` needs `CAP_SYS_ADMIN` (XFS_IOC_FSGROWFSDATA), and so
     /// does `mkfs.xfs`, which sets the device's block size (`BLKBSZSET`,
-    /// block/ioctl.c `blkdev_bszset`); online `resize2fs` needs
-    /// `CAP_SYS_RESOURCE` (`ext4_resize_begin`); both growers open the
-    /// mounted filesystem's root, whatever its mode, with
-    /// `CAP_DAC_READ_SEARCH`; `blkid` and `mkfs.ext*` read and write a
-    /// device the helper opened for them, and need none.
+    /// block/ioctl.c `blkdev_bszset`); `xfs_growfs` opens the mounted
+    /// filesystem's root, whatever its mode, with `CAP_DAC_READ_SEARCH`;
+    /// `blkid` and `mkfs.ext*` read and write a device the helper opened
+    /// for them, and need none. (ext filesystems grow without a tool, see
+    /// [`crate::grow`].)
     pub fn capabilities(self) -> u64 {
         match self {
             Self::Blkid | Self::MkfsExt2 | Self::MkfsExt3 | Self::MkfsExt4 => 0,
-            Self::Resize2fs => Capability::CAP_SYS_RESOURCE.bitmask() | Capability::CAP_DAC_READ_SEARCH.bitmask(),
             Self::XfsGrowfs => Capability::CAP_SYS_ADMIN.bitmask() | Capability::CAP_DAC_READ_SEARCH.bitmask(),
             Self::MkfsXfs => Capability::CAP_SYS_ADMIN.bitmask(),
         }
@@ -148,20 +144,13 @@ impl Executor {
         let queue = Arc::new(Mutex::new(queue));
         for _ in 0..threads.max(1) {
             let (queue, filter) = (Arc::clone(&queue), Arc::clone(&tool_filter));
-            std::thread::Builder::new().name(name.into()).spawn(move || {
-                // A thread cannot give its child what it does not hold (some
-                // sandboxes withhold CAP_SYS_RESOURCE even from root): each
-                // tool gets what it needs of what this thread has. The thread
-                // itself uses only CAP_SYS_ADMIN (re-verification); the
-                // others stay permitted, effective only in the child that
-                // needs them (resize2fs, xfs_growfs).
-                let permitted = caps::read(None, CapSet::Permitted).unwrap_or_default();
-                let held = permitted.iter().fold(0, |mask, c| mask | c.bitmask());
-                let own: caps::CapsHashSet = permitted.into_iter().filter(|c| *c == harden::SERVING).collect();
-                if let Err(e) = caps::set(None, CapSet::Effective, &own) {
-                    tracing::error!(error = %e, "cannot lower the executor thread's effective capabilities");
-                    return;
-                }
+            // A thread cannot give its child what it does not hold (some
+            // sandboxes withhold capabilities even from root): each tool gets
+            // what it needs of what this thread has. The thread itself uses
+            // only CAP_SYS_ADMIN (re-verification); CAP_DAC_READ_SEARCH stays
+            // permitted, effective only in the child that needs it
+            // (xfs_growfs).
+            harden::spawn_thread(name, &harden::TOOLS, &[harden::SERVING], move |held| {
                 loop {
                     // The guard is a temporary: the queue is locked only
                     // while taking the next job, not while running it.
@@ -270,8 +259,8 @@ fn execute(job: &Job, timeout: Duration, held: u64, tool_filter: &Arc<BpfProgram
         .map_err(|e| system(format!("waiting for {}", job.path), e))?;
     let output = Output {
         status,
-        stdout: stdout.join().unwrap_or_default(),
-        stderr: stderr.join().unwrap_or_default(),
+        stdout: drained(&stdout, &job.path),
+        stderr: drained(&stderr, &job.path),
     };
     match in_time {
         Ok(true) => Ok(output),
@@ -283,15 +272,36 @@ fn execute(job: &Job, timeout: Duration, held: u64, tool_filter: &Arc<BpfProgram
     }
 }
 
+/// How long the executor waits, after the tool has exited, for its pipes
+/// to reach their end. A process the tool left behind (outside its process
+/// group, so not killed with it) can hold them open forever; the executor
+/// goes on without the rest of its output, and the reading thread ends
+/// when that process does.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
+
 /// Reads a child's pipe to its end on a thread of its own, so a chatty
 /// tool never blocks on a full pipe while the executor waits for it.
-fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+fn drain(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receiver<Vec<u8>> {
+    let (bytes, received) = mpsc::channel();
     std::thread::spawn(move || {
-        let mut bytes = Vec::new();
+        let mut read = Vec::new();
         if let Some(mut pipe) = pipe {
-            let _ = pipe.read_to_end(&mut bytes);
+            let _ = pipe.read_to_end(&mut read);
         }
-        bytes
+        let _ = bytes.send(read);
+    });
+    received
+}
+
+/// What [`drain`] read, waiting at most [`DRAIN_DEADLINE`]; nothing when
+/// the pipe is still open then (logged).
+fn drained(pipe: &mpsc::Receiver<Vec<u8>>, tool: &str) -> Vec<u8> {
+    pipe.recv_timeout(DRAIN_DEADLINE).unwrap_or_else(|_| {
+        tracing::warn!(
+            tool,
+            "a process the tool left behind holds its output open; going on without it"
+        );
+        Vec::new()
     })
 }
 

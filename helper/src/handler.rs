@@ -17,6 +17,7 @@ use crate::device::{self, IdentityPolicy, Refusal, VerifiedDevice};
 use crate::error::system;
 use crate::exec::{DEVICE_ARG, Executor, Tool, ToolTarget};
 use crate::format::{self, Contents};
+use crate::grow::{self, Grower};
 use crate::mount::{self, Node};
 use crate::mounts::MountTables;
 use crate::options::{self, MountOptions};
@@ -35,6 +36,7 @@ pub struct Handler {
     policy: IdentityPolicy,
     tools: Executor,
     formatter: Executor,
+    grower: Grower,
     exclusive: Mutex<()>,
     claims: Claims,
 }
@@ -43,13 +45,15 @@ impl Handler {
     /// A handler that acts beneath `roots` on devices `policy` accepts,
     /// checking them against `mounts`,
     /// running `mkfs` on `formatter` (its thread count is the number of
-    /// formats at once) and every other tool on `tools`.
+    /// formats at once) and every other tool on `tools`, growing ext
+    /// filesystems on `grower`.
     pub fn new(
         roots: AllowedRoots,
         mounts: MountTables,
         policy: IdentityPolicy,
         tools: Executor,
         formatter: Executor,
+        grower: Grower,
     ) -> Self {
         Self {
             roots,
@@ -57,6 +61,7 @@ impl Handler {
             policy,
             tools,
             formatter,
+            grower,
             exclusive: Mutex::new(()),
             claims: Claims::default(),
         }
@@ -134,6 +139,7 @@ impl Handler {
                 Err(already_mounted(&staging, &node))
             };
         }
+        refuse_if_not_empty(&staging, &fd)?;
         device::refuse_if_published_raw(&device, &mounts)?;
         let contents = if just_formatted {
             Contents::Filesystem(r.fs_type.name().to_owned())
@@ -164,10 +170,9 @@ impl Handler {
         if !just_formatted {
             // A filesystem smaller than its device (a snapshot restored, or a
             // volume cloned, into a larger one) is grown, as the Go driver does
-            // at NodeStage; the tool finds nothing to do otherwise. xfs_growfs
-            // gets the mount root just checked. On failure the mount is undone,
-            // so that a retried Stage grows it again.
-            if let Err(e) = self.grow(r.fs_type, &device, &root) {
+            // at NodeStage, on the mount root just checked. On failure the
+            // mount is undone, so that a retried Stage grows it again.
+            if let Err(e) = self.grow(r.fs_type, &device, &root, false) {
                 drop(root);
                 mount::unmount(&staging.open_parent(false)?, staging.name())?;
                 return Err(e);
@@ -265,6 +270,7 @@ impl Handler {
                     reason: format!("exists and is not a {want_type:?}"),
                 });
             }
+            refuse_if_not_empty(&target, &existing)?;
             bind_checked(&source, &parent, &target, flags, same_source)
         } else {
             create_target(&parent, &target, want_type)?;
@@ -335,7 +341,7 @@ impl Handler {
             .and_then(|m| FsType::from_name(&m.fs_type))
             .ok_or_else(not_mounted)?;
         tracing::info!(volume_id = %r.volume_id, device = ?device.path(), volume_path = ?r.volume_path, "grow filesystem");
-        self.grow(fs_type, &device, &fd)?;
+        self.grow(fs_type, &device, &fd, true)?;
         Ok(Reply::Expanded {
             size_bytes: device.size_bytes()?,
         })
@@ -403,21 +409,38 @@ impl Handler {
     }
 
     /// Grows the `fs_type` filesystem on `device`, mounted with its root at
-    /// `root`, to the device's size, online: `resize2fs` with the device as
-    /// fd 3, or `xfs_growfs` with the mount's root as fd 3 (the device is
-    /// verified again right before the exec).
-    fn grow(&self, fs_type: FsType, device: &VerifiedDevice, root: &OwnedFd) -> Result<(), HelperError> {
-        match fs_type {
-            FsType::Xfs => self.tools.run_checked(
+    /// `root`, to the device's size, online (see [`crate::grow`]), when its
+    /// superblock says it is smaller: ext2/3/4 by the kernel on that root;
+    /// XFS by `xfs_growfs` with that root as fd 3 (the device verified
+    /// again right before the exec), which with `always_xfs` (Expand) runs
+    /// whatever the superblock says.
+    fn grow(
+        &self,
+        fs_type: FsType,
+        device: &VerifiedDevice,
+        root: &OwnedFd,
+        always_xfs: bool,
+    ) -> Result<(), HelperError> {
+        let device_bytes = device.size_bytes()?;
+        let (blocks, block_size) = grow::filesystem_size(device, fs_type)?;
+        if fs_type != FsType::Xfs {
+            let target = grow::ext_target_blocks(device_bytes, block_size);
+            return if target > blocks {
+                self.grower.resize_ext(root.as_fd(), target)
+            } else {
+                Ok(())
+            };
+        }
+        if !always_xfs && blocks.saturating_add(1).saturating_mul(block_size) > device_bytes {
+            return Ok(());
+        }
+        self.tools
+            .run_checked(
                 Tool::XfsGrowfs,
                 &[DEVICE_ARG],
                 ToolTarget::MountOf(device, root.as_fd()),
-            ),
-            _ => self
-                .tools
-                .run_checked(Tool::Resize2fs, &[DEVICE_ARG], ToolTarget::Device(device)),
-        }
-        .map(drop)
+            )
+            .map(drop)
     }
 
     /// Proves `device` is `volume_id` and that no format is running on it.
@@ -504,6 +527,37 @@ fn bind_checked(
         return Err(e);
     }
     Ok(Reply::Done)
+}
+
+/// The reason of [`HelperError::PathRefused`] for a staging or target path
+/// that holds something: another pod's configMap directory, its
+/// `etc-hosts`, kubelet's `pods/` — nothing the orchestrator prepares for a
+/// CSI volume holds anything before the volume is mounted there.
+pub const NOT_EMPTY: &str = "holds files; only an empty directory or an empty file is mounted over";
+
+/// Refuses a directory with any entry, or a file with any byte, at `path`
+/// (`fd`, an `O_PATH` fd of it): a mount over it would hide or replace
+/// what is there.
+fn refuse_if_not_empty(path: &SafePath<'_>, fd: &OwnedFd) -> Result<(), HelperError> {
+    let error = |e| system(format!("listing {}", path.as_str()), e);
+    let mut holds_something = false;
+    if mount::inspect(fd)?.file_type == FileType::Directory {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let dir = rustix::fs::openat(fd, ".", flags, Mode::empty()).map_err(error)?;
+        for entry in rustix::fs::Dir::read_from(&dir).map_err(error)? {
+            let name = entry.map_err(error)?.file_name().to_bytes().to_owned();
+            holds_something |= name != b"." && name != b"..";
+        }
+    } else {
+        holds_something = rustix::fs::fstat(fd).map_err(error)?.st_size != 0;
+    }
+    if holds_something {
+        return Err(HelperError::PathRefused {
+            path: path.as_str().to_owned(),
+            reason: NOT_EMPTY.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// Opens an existing path and checks its type.

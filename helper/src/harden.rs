@@ -4,26 +4,35 @@ use std::collections::HashMap;
 use std::io;
 
 use caps::{CapSet, Capability, CapsHashSet};
-use seccompiler::{BpfProgram, TargetArch};
+use seccompiler::{BpfProgram, TargetArch, sock_filter};
 
 /// The capabilities the helper keeps, and why:
 /// - `CAP_SYS_ADMIN`: `mount(2)`, `umount2(2)`, the NVMe admin ioctl, and
-///   `xfs_growfs` (XFS_IOC_FSGROWFSDATA);
-/// - `CAP_SYS_RESOURCE`: online ext4 growth by `resize2fs`
-///   (`ext4_resize_begin` checks it);
-/// - `CAP_DAC_READ_SEARCH`: `resize2fs` and `xfs_growfs` open the mounted
-///   filesystem's root directory (e2fsprogs resize/online.c, xfsprogs
-///   growfs), which its owner may have made unreadable to others.
+///   `xfs_growfs` and `mkfs.xfs` (see [`crate::exec::Tool::capabilities`]);
+/// - `CAP_SYS_RESOURCE`: online ext4 growth (`EXT4_IOC_RESIZE_FS`;
+///   `ext4_resize_begin` checks it);
+/// - `CAP_DAC_READ_SEARCH`: the growth of either filesystem opens its
+///   mounted root directory, which its owner may have made unreadable to
+///   others.
 ///
-/// Only the executor threads keep all three ([`keep_only_serving`] drops
-/// the last two on the serving thread after they start); each tool child sets
-/// its own to what it needs ([`crate::exec::Tool::capabilities`]) before
-/// it execs, and `no_new_privs` keeps the exec from adding any.
+/// Each thread keeps what it uses ([`keep_only_serving`] runs on the
+/// serving thread after the others start): the serving threads
+/// [`SERVING`], the executor threads [`TOOLS`] (each tool child sets its
+/// own to what it needs before it execs, and `no_new_privs` keeps the exec
+/// from adding any), the grower thread [`GROWER`].
 pub const KEPT: [Capability; 3] = [
     Capability::CAP_SYS_ADMIN,
     Capability::CAP_SYS_RESOURCE,
     Capability::CAP_DAC_READ_SEARCH,
 ];
+
+/// What the executor threads keep permitted for their tools (only
+/// [`SERVING`] effective, for re-verifying the device).
+pub const TOOLS: [Capability; 2] = [Capability::CAP_SYS_ADMIN, Capability::CAP_DAC_READ_SEARCH];
+
+/// What the grower thread keeps permitted, effective only while it grows
+/// an ext filesystem ([`crate::grow`]).
+pub const GROWER: [Capability; 2] = [Capability::CAP_SYS_RESOURCE, Capability::CAP_DAC_READ_SEARCH];
 
 /// What the serving thread and its connection threads keep: mount, umount
 /// and the NVMe admin ioctl need `CAP_SYS_ADMIN`, nothing there needs more.
@@ -35,8 +44,8 @@ pub enum HardenError {
     /// A capability set could not be changed.
     #[error("capabilities: {0}")]
     Capabilities(#[from] caps::errors::CapsError),
-    /// `PR_SET_NO_NEW_PRIVS` failed.
-    #[error("no_new_privs: {0}")]
+    /// `PR_SET_NO_NEW_PRIVS` or `PR_SET_DUMPABLE` failed.
+    #[error("no_new_privs or dumpable: {0}")]
     NoNewPrivs(io::Error),
     /// The seccomp policy did not compile or install.
     #[error("seccomp: {0}")]
@@ -64,6 +73,48 @@ pub fn reduce_capabilities() -> Result<(), HardenError> {
     Ok(())
 }
 
+/// Starts a thread named `name` that keeps, of what it inherits, only
+/// `permitted` permitted and only `effective` of those effective, then runs
+/// `work` with the mask of the capabilities it kept permitted (bit n =
+/// capability n). Returns once the thread has lowered them, so that no
+/// thread of the helper holds more than it uses by the time it serves.
+///
+/// # Errors
+/// The error spawning the thread or lowering its capabilities (the thread
+/// then ends without running `work`).
+pub fn spawn_thread(
+    name: &str,
+    permitted: &'static [Capability],
+    effective: &'static [Capability],
+    work: impl FnOnce(u64) + Send + 'static,
+) -> io::Result<()> {
+    let (lowered, result) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new().name(name.into()).spawn(move || {
+        let lower = || -> Result<u64, caps::errors::CapsError> {
+            let kept: CapsHashSet = caps::read(None, CapSet::Permitted)?
+                .into_iter()
+                .filter(|c| permitted.contains(c))
+                .collect();
+            let own: CapsHashSet = kept.iter().copied().filter(|c| effective.contains(c)).collect();
+            caps::set(None, CapSet::Effective, &own)?;
+            caps::set(None, CapSet::Permitted, &kept)?;
+            Ok(kept.iter().fold(0, |mask, c| mask | c.bitmask()))
+        };
+        match lower() {
+            Ok(held) => {
+                let _ = lowered.send(Ok(()));
+                work(held);
+            }
+            Err(e) => {
+                let _ = lowered.send(Err(io::Error::other(e)));
+            }
+        }
+    })?;
+    result
+        .recv()
+        .map_err(|_| io::Error::other("the thread ended before lowering its capabilities"))?
+}
+
 /// Keeps only [`SERVING`] in the calling thread's effective and permitted
 /// sets. Capabilities are per thread: call it after the executor threads
 /// have started (they keep [`KEPT`] for the tools) and before the serving
@@ -79,12 +130,19 @@ pub fn keep_only_serving() -> Result<(), HardenError> {
     Ok(())
 }
 
-/// Sets `PR_SET_NO_NEW_PRIVS`: no exec can gain privileges again.
+/// Sets `PR_SET_NO_NEW_PRIVS` (no exec can gain privileges again) and
+/// makes the helper not dumpable (`PR_SET_DUMPABLE` 0): a process of the
+/// same uid whose capabilities are a superset of a helper thread's — a
+/// growth tool with `CAP_SYS_ADMIN` and `CAP_DAC_READ_SEARCH` — could
+/// otherwise open `/proc/<helper>/mem` (ptrace(2), "Ptrace access mode
+/// checking"; no Yama needed).
 ///
 /// # Errors
 /// [`HardenError::NoNewPrivs`].
 pub fn forbid_new_privileges() -> Result<(), HardenError> {
-    rustix::thread::set_no_new_privs(true).map_err(|e| HardenError::NoNewPrivs(e.into()))
+    rustix::thread::set_no_new_privs(true).map_err(|e| HardenError::NoNewPrivs(e.into()))?;
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+        .map_err(|e| HardenError::NoNewPrivs(e.into()))
 }
 
 /// The seccomp policy, kept as data with a reason per system call.
@@ -103,8 +161,54 @@ pub struct Filters {
     pub serving: BpfProgram,
     /// The denylist each tool child installs before it execs: no tool
     /// mounts, enters a namespace, loads a module or touches another
-    /// process.
+    /// process. [`TOOLS_PREFIX`] comes first.
     pub tools: BpfProgram,
+}
+
+/// `__X32_SYSCALL_BIT` (arch/x86/include/uapi/asm/unistd.h): x32 system
+/// calls carry x86_64's audit arch with this bit set in their number, so a
+/// denylist keyed on x86_64's numbers would let their x32 twins through on
+/// kernels built with `CONFIG_X86_X32_ABI` (seccompiler checks the arch
+/// only). No other architecture's numbers reach it.
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+/// `clone3` (435 in the generic and x86_64 tables alike): its flags are in
+/// memory, out of a filter's reach.
+const CLONE3: u32 = 435;
+
+/// The instructions before the tools' denylist: any x32 system call fails
+/// with `EPERM`, and `clone3` with `ENOSYS`, so that glibc falls back to
+/// `clone`, whose namespace flags the denylist does see (glibc
+/// `sysdeps/unix/sysv/linux/clone-internal.c` retries only on `ENOSYS`).
+/// Anything else falls through to the denylist's first instruction. BPF
+/// jumps are relative and forward, so the denylist runs unchanged after it.
+pub const TOOLS_PREFIX: [sock_filter; 5] = [
+    bpf(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0), // seccomp_data.nr
+    bpf(libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K, 0, 1, X32_SYSCALL_BIT),
+    bpf(
+        libc::BPF_RET | libc::BPF_K,
+        0,
+        0,
+        libc::SECCOMP_RET_ERRNO | libc::EPERM.unsigned_abs(),
+    ),
+    bpf(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, 0, 1, CLONE3),
+    bpf(
+        libc::BPF_RET | libc::BPF_K,
+        0,
+        0,
+        libc::SECCOMP_RET_ERRNO | libc::ENOSYS.unsigned_abs(),
+    ),
+];
+
+/// One BPF instruction (linux/filter.h `BPF_STMT` / `BPF_JUMP`).
+#[allow(clippy::cast_possible_truncation, reason = "BPF opcodes are 16 bits")]
+const fn bpf(code: u32, jt: u8, jf: u8, k: u32) -> sock_filter {
+    sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    }
 }
 
 /// Compiles the policy for this architecture.
@@ -138,10 +242,9 @@ pub fn seccomp_filters_for(arch: TargetArch) -> Result<Filters, HardenError> {
             .remove(name)
             .ok_or_else(|| HardenError::Seccomp(format!("the policy has no {name:?} filter")))
     };
-    Ok(Filters {
-        serving: take("serving")?,
-        tools: take("tools")?,
-    })
+    let serving = take("serving")?;
+    let tools = TOOLS_PREFIX.into_iter().chain(take("tools")?).collect();
+    Ok(Filters { serving, tools })
 }
 
 /// Installs `serving` on the calling thread; threads it spawns inherit it.
@@ -212,9 +315,10 @@ mod tests {
         }
     }
 
-    /// The tools' denylist lets a tool read and write files but not mount
-    /// or change its root.
+    /// The tools' denylist lets a tool read and write files but not mount,
+    /// change its root, make a namespace, use io_uring or x32 calls.
     #[test]
+    #[allow(unsafe_code, reason = "raw system calls that the filter must refuse")]
     fn the_tools_filter_denies_what_no_tool_needs() {
         let program = seccomp_filters().unwrap().tools;
         let outcome = std::thread::spawn(move || {
@@ -223,10 +327,34 @@ mod tests {
             let umount = rustix::mount::unmount("/nonexistent", rustix::mount::UnmountFlags::empty())
                 .map_err(|e| e.raw_os_error());
             let chroot = rustix::process::chroot("/").map_err(|e| e.raw_os_error());
-            (reads, umount.err(), chroot.err())
+            // Each call below would fail anyway if it reached the kernel,
+            // with another errno than the filter's: a new user namespace
+            // with CLONE_THREAD (EINVAL), clone3 without arguments (EFAULT
+            // or EINVAL), io_uring without parameters (EFAULT), x32's
+            // getpid (ENOSYS without x32, a pid with it).
+            let raw = |nr: libc::c_long, a: libc::c_long, b: libc::c_long| {
+                // SAFETY: the arguments are integers; the kernel reads no
+                // memory through them, because every call fails first.
+                let result = unsafe { libc::syscall(nr, a, b, 0, 0, 0) };
+                (result == -1).then(|| std::io::Error::last_os_error().raw_os_error().unwrap_or_default())
+            };
+            let new_user = raw(
+                libc::SYS_clone,
+                libc::c_long::from(libc::CLONE_NEWUSER | libc::CLONE_THREAD),
+                0,
+            );
+            let clone3 = raw(libc::SYS_clone3, 0, 0);
+            let io_uring = raw(libc::SYS_io_uring_setup, 1, 0);
+            let x32 = raw(libc::c_long::from(X32_SYSCALL_BIT) | libc::SYS_getpid, 0, 0);
+            (reads, umount.err(), chroot.err(), new_user, clone3, io_uring, x32)
         })
         .join()
         .unwrap();
-        assert_eq!(outcome, (true, Some(1), Some(1)), "(reads, EPERM, EPERM)");
+        let (eperm, enosys) = (Some(libc::EPERM), Some(libc::ENOSYS));
+        assert_eq!(
+            outcome,
+            (true, Some(1), Some(1), eperm, enosys, eperm, eperm),
+            "(reads, EPERM, EPERM, EPERM, ENOSYS, EPERM, EPERM)"
+        );
     }
 }

@@ -13,6 +13,7 @@ pub mod device;
 mod error;
 pub mod exec;
 pub mod format;
+pub mod grow;
 pub mod handler;
 pub mod harden;
 pub mod mount;

@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::Parser;
 use ebs_csi_helper::device::IdentityPolicy;
 use ebs_csi_helper::exec::Executor;
+use ebs_csi_helper::grow::Grower;
 use ebs_csi_helper::handler::Handler;
 use ebs_csi_helper::harden;
 use ebs_csi_helper::mounts::MountTables;
@@ -67,7 +68,7 @@ struct Args {
     /// Never in a pod without hostPID, where PID 1 is the pod's own.
     #[arg(long)]
     nested_pid_namespace: bool,
-    /// Seconds a tool (blkid, mkfs, resize2fs, xfs_growfs) may run before
+    /// Seconds a tool (blkid, mkfs, xfs_growfs) may run before
     /// it is killed with its process group. The default leaves room for
     /// formatting and growing a 16 TiB volume.
     #[arg(long, default_value_t = 1800, value_parser = clap::value_parser!(u64).range(1..))]
@@ -115,6 +116,7 @@ fn main() -> anyhow::Result<()> {
         Executor::start("tools", 1, tool_timeout, Arc::clone(&tool_filter)).context("starting the executor threads")?;
     let formatter = Executor::start("formatter", args.max_parallel_formats.into(), tool_timeout, tool_filter)
         .context("starting the executor threads")?;
+    let grower = Grower::start().context("starting the grower thread")?;
     harden::keep_only_serving().context("reducing the serving thread's capabilities")?;
     harden::install_seccomp(&filters.serving).context("installing the seccomp filter")?;
     let policy = IdentityPolicy {
@@ -125,7 +127,7 @@ fn main() -> anyhow::Result<()> {
     if policy.nvme_vendor_id != EBS_VENDOR_ID || policy.nvme_model != EBS_MODEL {
         tracing::warn!(vendor_id = policy.nvme_vendor_id, model = %policy.nvme_model, "test mode: accepting NVMe controllers that are not EBS volumes");
     }
-    let handler = Arc::new(Handler::new(roots, mounts, policy, tools, formatter));
+    let handler = Arc::new(Handler::new(roots, mounts, policy, tools, formatter, grower));
     let config = ServerConfig {
         allowed_uids: args.allowed_uids,
         max_connections: args.max_connections,

@@ -1,4 +1,4 @@
-//! Every `unsafe` block of the helper: `BLKGETDISKSEQ`, the peer's
+//! Every `unsafe` block of the helper: `BLKGETDISKSEQ`, `EXT4_IOC_RESIZE_FS`, the peer's
 //! credentials, closing inherited descriptors and clearing the environment
 //! at start, and setting up a tool's descriptors and capabilities in the
 //! child before it execs. (The
@@ -12,7 +12,7 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::sync::Arc;
 
-use rustix::ioctl::{Getter, Opcode, ioctl, opcode};
+use rustix::ioctl::{Getter, Opcode, Setter, ioctl, opcode};
 use seccompiler::BpfProgram;
 
 /// `BLKGETDISKSEQ = _IOR(0x12, 128, __u64)` (include/uapi/linux/fs.h,
@@ -29,6 +29,18 @@ pub(crate) fn disk_sequence(fd: BorrowedFd<'_>) -> io::Result<Option<u64>> {
         Err(rustix::io::Errno::NOTTY) => Ok(None),
         Err(e) => Err(e.into()),
     }
+}
+
+/// `EXT4_IOC_RESIZE_FS = _IOW('f', 16, __u64)` (fs/ext4/ext4.h): grows a
+/// mounted ext2/3/4 filesystem to the block count the u64 names.
+const EXT4_IOC_RESIZE_FS: Opcode = opcode::write::<u64>(b'f', 16);
+
+/// Grows the ext filesystem that `dir` (an open directory of it) is on to
+/// `blocks` blocks; needs `CAP_SYS_RESOURCE` (`ext4_resize_begin`).
+pub(crate) fn ext4_resize_fs(dir: BorrowedFd<'_>, blocks: u64) -> io::Result<()> {
+    // SAFETY: EXT4_IOC_RESIZE_FS reads one u64, which Setter passes by
+    // pointer for the call.
+    unsafe { ioctl(dir, Setter::<EXT4_IOC_RESIZE_FS, u64>::new(blocks)) }.map_err(io::Error::from)
 }
 
 /// A socket peer's credentials as `SO_PEERCRED` reports them (unix(7)).
@@ -203,7 +215,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn disk_sequence_request_matches_the_kernel_header() {
+    fn requests_match_the_kernel_headers() {
         assert_eq!(BLKGETDISKSEQ as u64, 0x8008_1280);
+        assert_eq!(EXT4_IOC_RESIZE_FS as u64, 0x4008_6610);
     }
 }

@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ebs_csi_helper_proto::{ClientError, FormatOptions, FsType, HelperClient, Reply, Request, StageRequest, VolumeId};
+use ebs_csi_helper_proto::{
+    ClientError, FormatOptions, FsType, HelperClient, PublishRequest, PublishSource, Reply, Request, StageRequest,
+    VolumeId,
+};
 use ebs_csi_proto::v1::node_client::NodeClient;
 use tonic::transport::{Channel, Endpoint};
 
@@ -387,6 +390,34 @@ pub fn stage_request(volume_id: &str, device: &Path, staging: &Path, fs_type: Fs
         fs_type,
         mount_flags: mount_flags.iter().map(|f| (*f).to_owned()).collect(),
         format: FormatOptions::default(),
+    })
+}
+
+/// A helper Publish request of the filesystem `volume_id` has staged (on
+/// `device`) at `staging`, onto `target`, read-write.
+pub fn publish_staged(volume_id: &str, device: &Path, staging: &Path, target: &Path) -> Request {
+    Request::Publish(PublishRequest {
+        target_path: target.to_string_lossy().into_owned(),
+        readonly: false,
+        source: PublishSource::Staging {
+            volume_id: VolumeId::parse(volume_id).expect("volume id"),
+            device: device.to_string_lossy().into_owned(),
+            staging_path: staging.to_string_lossy().into_owned(),
+            mount_flags: vec![],
+        },
+    })
+}
+
+/// A helper Publish request of `device` as the raw block volume
+/// `volume_id` onto `target`, read-write.
+pub fn publish_device(volume_id: &str, device: &Path, target: &Path) -> Request {
+    Request::Publish(PublishRequest {
+        target_path: target.to_string_lossy().into_owned(),
+        readonly: false,
+        source: PublishSource::Device {
+            volume_id: VolumeId::parse(volume_id).expect("volume id"),
+            device: device.to_string_lossy().into_owned(),
+        },
     })
 }
 

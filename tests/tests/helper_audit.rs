@@ -18,15 +18,15 @@ use ebs_csi_helper::exec::Tool;
 use ebs_csi_helper::handler::{FOREIGN_MOUNT, NOT_A_MOUNT_POINT};
 use ebs_csi_helper::path::CROSSES_MOUNT;
 use ebs_csi_helper_proto::{
-    ClientError, ExpandRequest, FsType, HelperError, PROTOCOL_VERSION, PublishRequest, PublishSource, Reply, Request,
-    Response, UnpublishRequest, UnstageRequest, VolumeId, read_frame, write_frame,
+    ClientError, ExpandRequest, FsType, HelperError, PROTOCOL_VERSION, Reply, Request, Response, UnpublishRequest,
+    UnstageRequest, VolumeId, read_frame, write_frame,
 };
 use ebs_csi_tests::children::exited;
 use ebs_csi_tests::exec_gate::{ExecGate, MKFS};
 use ebs_csi_tests::loopdev::run;
 use ebs_csi_tests::{
-    AGENT_UID, Helper, LoopVolume, Sandbox, binary, ebs_csi_mounts, is_mounted, mounts_under, require_root, run_as,
-    spawn, stage_request, wait_until,
+    AGENT_UID, Helper, LoopVolume, Sandbox, binary, ebs_csi_mounts, is_mounted, mounts_under, publish_device,
+    publish_staged, require_root, run_as, spawn, stage_request, wait_until,
 };
 use rustix::process::{Pid, Signal, kill_process};
 
@@ -116,30 +116,6 @@ fn text(path: &Path) -> String {
 
 fn stage(volume: &str, device: &Path, staging: &Path) -> Request {
     stage_request(volume, device, staging, FsType::Ext4, &[])
-}
-
-fn publish_device(volume: &str, device: &Path, target: &Path) -> Request {
-    Request::Publish(PublishRequest {
-        target_path: text(target),
-        readonly: false,
-        source: PublishSource::Device {
-            volume_id: VolumeId::parse(volume).unwrap(),
-            device: text(device),
-        },
-    })
-}
-
-fn publish_staged(volume: &str, device: &Path, staging: &Path, target: &Path) -> Request {
-    Request::Publish(PublishRequest {
-        target_path: text(target),
-        readonly: false,
-        source: PublishSource::Staging {
-            volume_id: VolumeId::parse(volume).unwrap(),
-            device: text(device),
-            staging_path: text(staging),
-            mount_flags: vec![],
-        },
-    })
 }
 
 fn unpublish(target: &Path) -> Request {

@@ -12,10 +12,13 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
 
+use ebs_csi_helper::handler::NOT_EMPTY;
 use ebs_csi_helper::mounts::MountTablesError;
 use ebs_csi_helper_proto::{ClientError, FsType, HelperError, PROTOCOL_VERSION, Reply, Request};
 use ebs_csi_tests::unreadable::UnreadableVolume;
-use ebs_csi_tests::{Helper, LoopVolume, Sandbox, binary, is_mounted, require_root, spawn, stage_request};
+use ebs_csi_tests::{
+    Helper, LoopVolume, Sandbox, binary, is_mounted, publish_device, publish_staged, require_root, spawn, stage_request,
+};
 
 /// What a read of `device` at `offset` answers: `None` when 4 KiB read.
 fn read_error(device: &Path, offset: u64) -> Option<std::io::Error> {
@@ -254,4 +257,137 @@ fn a_peer_in_a_pid_namespace_the_helper_cannot_see_is_judged_by_its_uid() {
         "{log}"
     );
     assert!(log.contains("refused peer peer_uid=0 peer_pid=0"), "{log}");
+}
+
+/// N5 (E8, E8b), the part that needs no path shape: a Stage or Publish
+/// onto another pod's configMap directory, its `etc-hosts` file, or
+/// kubelet's `pods/` itself mounted the agent's filesystem (or device node)
+/// over what was there. Nothing the orchestrator prepares for a volume
+/// holds anything, so a directory with an entry or a file with a byte is
+/// refused (`NOT_EMPTY`), and it and the mount table stay as they were.
+#[test]
+fn nothing_is_mounted_over_a_directory_or_file_that_holds_something() {
+    if !require_root() {
+        return;
+    }
+    const X: &str = "vol-0e8e8e8e8e8e8e8e8";
+    const Y: &str = "vol-0e8e8e8e8e8e8e8e9";
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let x = LoopVolume::create(sandbox.path(), X, 64);
+    let y = LoopVolume::create(sandbox.path(), Y, 64);
+    let kubelet = sandbox.kubelet();
+    let victim = kubelet.join("pods/victim-uid");
+    let config = ebs_csi_tests::make_dir(&victim.join("volumes/kubernetes.io~configmap/cfg"));
+    std::fs::write(config.join("app.conf"), "mode=safe\n").unwrap();
+    let hosts = victim.join("etc-hosts");
+    std::fs::write(&hosts, "127.0.0.1 localhost\n").unwrap();
+    let refused = |path: &Path| HelperError::PathRefused {
+        path: path.display().to_string(),
+        reason: NOT_EMPTY.into(),
+    };
+    let expect = |request: Request, expected: HelperError| {
+        let answer = helper.call(request.clone());
+        assert!(
+            matches!(&answer, Err(ClientError::Helper(e)) if *e == expected),
+            "{request:?}: {answer:?}"
+        );
+    };
+
+    // A staging directory that holds something is not mounted over.
+    expect(
+        stage_request(X, &x.device, &config, FsType::Ext4, &[]),
+        refused(&config),
+    );
+    assert_eq!(x.signature(), "", "refused before the probe: nothing formatted");
+    let staging = sandbox.mkdir("kubelet/staging/x");
+    assert_eq!(
+        helper
+            .call(stage_request(X, &x.device, &staging, FsType::Ext4, &[]))
+            .unwrap(),
+        Reply::Done
+    );
+    let before = ebs_csi_tests::mounts_under(sandbox.path());
+    for target in [&config, &kubelet.join("pods")] {
+        expect(publish_staged(X, &x.device, &staging, target), refused(target));
+    }
+    expect(publish_device(Y, &y.device, &hosts), refused(&hosts));
+    assert_eq!(ebs_csi_tests::mounts_under(sandbox.path()), before);
+    assert_eq!(std::fs::read_to_string(config.join("app.conf")).unwrap(), "mode=safe\n");
+    assert!(std::fs::symlink_metadata(&hosts).unwrap().is_file());
+    assert_eq!(std::fs::read_to_string(&hosts).unwrap(), "127.0.0.1 localhost\n");
+
+    // Empty ones are mounted over as before.
+    let target = kubelet.join("pods/p/volumes/kubernetes.io~csi/pv/mount");
+    ebs_csi_tests::make_dir(&target);
+    assert_eq!(
+        helper.call(publish_staged(X, &x.device, &staging, &target)).unwrap(),
+        Reply::Done
+    );
+    let block = kubelet.join("pods/p/volumeDevices/kubernetes.io~csi/pv-block");
+    ebs_csi_tests::make_dir(block.parent().unwrap());
+    std::fs::write(&block, "").unwrap();
+    assert_eq!(helper.call(publish_device(Y, &y.device, &block)).unwrap(), Reply::Done);
+}
+
+/// N3, the helper's own process: a tool holding the capabilities of a
+/// serving thread and more (`xfs_growfs`: `CAP_SYS_ADMIN` and
+/// `CAP_DAC_READ_SEARCH`, as uid 0) passed the ptrace access check on the
+/// helper's main thread (same uid, capabilities a superset) and could open
+/// its memory. The helper is not dumpable now, so only `CAP_SYS_PTRACE`
+/// would pass (ptrace(2), "Ptrace access mode checking").
+#[test]
+fn a_process_with_a_tools_capabilities_cannot_open_the_helpers_memory() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let output = Command::new("setpriv")
+        .args([
+            "--bounding-set=-all,+sys_admin,+dac_read_search",
+            "--inh-caps=-all",
+            "--",
+        ])
+        .args(["dd", "count=0", "status=none"])
+        .arg(format!("if=/proc/{}/mem", helper.process.pid()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("Permission denied"),
+        "{:?} {stderr}",
+        output.status
+    );
+}
+
+/// N3, grow-at-stage: every Stage of an existing filesystem ran a grower on
+/// it, whoever wrote the image. ext filesystems now grow in the kernel (no
+/// tool), and `xfs_growfs` runs only when the XFS superblock, read by the
+/// helper itself, says the filesystem is smaller than its device.
+#[test]
+fn no_tool_grows_a_filesystem_that_fills_its_device() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    for (volume_id, fs_type, mkfs) in [
+        ("vol-0e3e3e3e3e3e3e3e1", FsType::Xfs, "mkfs.xfs"),
+        ("vol-0e3e3e3e3e3e3e3e2", FsType::Ext4, "mkfs.ext4"),
+    ] {
+        let volume = LoopVolume::create(sandbox.path(), volume_id, 320);
+        ebs_csi_tests::loopdev::run(mkfs, &["-q", &volume.device.to_string_lossy()]);
+        let staging = sandbox.mkdir(&format!("kubelet/staging/{volume_id}"));
+        let request = stage_request(volume_id, &volume.device, &staging, fs_type, &[]);
+        assert_eq!(helper.call(request).unwrap(), Reply::Done);
+        assert!(is_mounted(&staging));
+    }
+    let log = helper.process.log();
+    for tool in ["xfs_growfs", "resize2fs", "mkfs"] {
+        assert!(
+            !log.contains(&format!("exec tool=/usr/sbin/{tool}")),
+            "{tool} ran:\n{log}"
+        );
+    }
 }

@@ -79,7 +79,7 @@ pub enum HelperError {
         /// The device path.
         device: String,
     },
-    /// An external tool (mkfs, resize2fs, xfs_growfs, blkid) failed.
+    /// An external tool (mkfs, xfs_growfs, blkid) failed.
     #[error("{tool} failed: {detail}")]
     ToolFailed {
         /// Absolute path of the tool.
