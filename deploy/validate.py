@@ -515,6 +515,8 @@ def check_helper_dropin(plugin_id, helper_flags):
         fail(where, f"--allowed-root {root!r} is not <data_dir>/client/csi/node/{plugin_id}")
     if flag_value(args, "--allowed-uid") != str(AGENT_UID):
         fail(where, f"--allowed-uid must be the agent's uid {AGENT_UID}")
+    if flag_value(args, "--allowed-layout") != "nomad":
+        fail(where, "--allowed-layout must be nomad: kubelet's path shapes are not Nomad's")
     return root
 
 
@@ -587,6 +589,7 @@ BREAKS = [
     ("nomad/ebs-csi-controller.nomad.hcl", '"--reuid=65534"', '"--reuid=0"', "no privilege"),
     ("nomad/ebs-csi-node.nomad.hcl", '"--helper-socket"', '"--helper-sock"', "--helper-sock is not a flag"),
     ("nomad/ebs-csi-helper-nomad.conf", "node/aws-ebs0", "node/aws-ebs9", "--allowed-root"),
+    ("nomad/ebs-csi-helper-nomad.conf", "aws-ebs0 --allowed-layout nomad", "aws-ebs0", "--allowed-layout must be nomad"),
     ("nomad/volume.hcl", 'plugin_id = "aws-ebs0"', 'plugin_id = "other"', "plugin_id"),
     ("nomad/writer.nomad.hcl", 'source          = "data"', 'source          = "other"', "claims volume"),
 ]

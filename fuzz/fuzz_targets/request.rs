@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use ebs_csi_helper::device::kernel_name_of;
+use ebs_csi_helper::layout::{Layout, Role};
 use ebs_csi_helper::options;
 use ebs_csi_helper::path::AllowedRoots;
 use ebs_csi_helper_proto::{PublishSource, Request, RequestFrame, decode, read_payload};
@@ -20,12 +21,12 @@ fn roots() -> &'static AllowedRoots {
     ROOTS.get_or_init(|| {
         let dir = std::env::temp_dir().join("ebs-csi-fuzz-root");
         std::fs::create_dir_all(&dir).unwrap();
-        AllowedRoots::open(&[PathBuf::from(dir)]).unwrap()
+        AllowedRoots::open(&[PathBuf::from(dir)], Layout::Kubelet).unwrap()
     })
 }
 
 fn check_path(path: &str) {
-    if roots().check(path).is_ok() {
+    if roots().check(path, Role::Volume).is_ok() {
         let root = std::env::temp_dir().join("ebs-csi-fuzz-root").canonicalize().unwrap();
         let root = root.to_str().unwrap();
         assert!(path.starts_with(root) && path.len() > root.len() + 1, "{path:?} accepted");

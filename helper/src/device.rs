@@ -489,7 +489,7 @@ mod tests {
     #[test]
     fn refuses_names_and_nodes_before_any_io() {
         let tmp = tempfile::tempdir().unwrap();
-        let roots = AllowedRoots::open(&[tmp.path().to_owned()]).unwrap();
+        let roots = AllowedRoots::open(&[tmp.path().to_owned()], crate::layout::Layout::Kubelet).unwrap();
         let volume = VolumeId::parse("vol-0123456789abcdef0").unwrap();
         let policy = IdentityPolicy {
             allow_loop_devices: true,

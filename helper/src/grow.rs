@@ -49,8 +49,12 @@ impl Grower {
     pub fn start() -> io::Result<Self> {
         let (requests, queue) = mpsc::channel::<Resize>();
         harden::spawn_thread("grower", &GROWER, &[], move |_| {
-            for request in queue {
-                let _ = request.reply.send(resize(&request.root, request.blocks));
+            for Resize { root, blocks, reply } in queue {
+                let result = resize(&root, blocks);
+                // Closed before the answer: the caller may unmount next, and
+                // an fd inside the mount would keep it busy.
+                drop(root);
+                let _ = reply.send(result);
             }
         })?;
         Ok(Self { requests })

@@ -18,6 +18,7 @@ use crate::error::system;
 use crate::exec::{DEVICE_ARG, Executor, Tool, ToolTarget};
 use crate::format::{self, Contents};
 use crate::grow::{self, Grower};
+use crate::layout::Role;
 use crate::mount::{self, Node};
 use crate::mounts::MountTables;
 use crate::options::{self, MountOptions};
@@ -78,9 +79,13 @@ impl Handler {
                 version: PROTOCOL_VERSION,
             }),
             Request::Stage(r) => self.stage(r),
-            Request::Unstage(r) => self.exclusively(|| self.unstage(&self.roots.check(&r.staging_path)?)),
+            Request::Unstage(r) => {
+                self.exclusively(|| self.unstage(&self.roots.check(&r.staging_path, Role::Staging)?))
+            }
             Request::Publish(r) => self.exclusively(|| self.publish(r)),
-            Request::Unpublish(r) => self.exclusively(|| self.unpublish(&self.roots.check(&r.target_path)?)),
+            Request::Unpublish(r) => {
+                self.exclusively(|| self.unpublish(&self.roots.check(&r.target_path, Role::AnyTarget)?))
+            }
             Request::Expand(r) => self.exclusively(|| self.expand(r)),
             Request::VolumeStats(r) => self.volume_stats(r),
             Request::PerformanceStatistics(r) => self.performance_statistics(r),
@@ -121,7 +126,7 @@ impl Handler {
         options: &MountOptions,
         formatted: Option<VerifiedDevice>,
     ) -> Result<Option<VerifiedDevice>, HelperError> {
-        let staging = self.roots.check(&r.staging_path)?;
+        let staging = self.roots.check(&r.staging_path, Role::Staging)?;
         let (fd, node) = open_existing(&staging, FileType::Directory)?;
         let mounts = self.mounts.read()?;
         let just_formatted = formatted.is_some();
@@ -213,7 +218,7 @@ impl Handler {
             } => {
                 let flags = options::parse(None, mount_flags)?.flags | MountFlags::NODEV;
                 let device = self.verify(volume_id, device, &mounts)?;
-                let staging = self.roots.check(staging_path)?;
+                let staging = self.roots.check(staging_path, Role::Staging)?;
                 let (fd, node) = staging
                     .open()?
                     .map(|fd| mount::inspect(&fd).map(|n| (fd, n)))
@@ -248,7 +253,12 @@ impl Handler {
             } else {
                 MountFlags::empty()
             };
-        let target = self.roots.check(&r.target_path)?;
+        let role = if want_type == FileType::Directory {
+            Role::Target
+        } else {
+            Role::BlockTarget
+        };
+        let target = self.roots.check(&r.target_path, role)?;
         let parent = target.open_parent(true)?;
         let same_source = |node: &Node| match want_type {
             FileType::Directory => (node.dev, node.ino) == (source_node.dev, source_node.ino),
@@ -329,7 +339,7 @@ impl Handler {
     fn expand(&self, r: &ExpandRequest) -> Result<Reply, HelperError> {
         let mounts = self.mounts.read()?;
         let device = self.verify(&r.volume_id, &r.device, &mounts)?;
-        let path = self.roots.check(&r.volume_path)?;
+        let path = self.roots.check(&r.volume_path, Role::Volume)?;
         let not_mounted = || HelperError::NotMounted {
             path: r.volume_path.clone(),
         };
@@ -354,7 +364,7 @@ impl Handler {
     /// mount's fd, or the device's size.
     fn volume_stats(&self, r: &VolumeStatsRequest) -> Result<Reply, HelperError> {
         let mounts = self.mounts.read()?;
-        let path = self.roots.check(&r.volume_path)?;
+        let path = self.roots.check(&r.volume_path, Role::Volume)?;
         let not_mounted = || HelperError::NotMounted {
             path: r.volume_path.clone(),
         };

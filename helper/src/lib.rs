@@ -16,6 +16,7 @@ pub mod format;
 pub mod grow;
 pub mod handler;
 pub mod harden;
+pub mod layout;
 pub mod mount;
 pub mod mounts;
 pub mod options;

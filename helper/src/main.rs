@@ -13,6 +13,7 @@ use ebs_csi_helper::exec::Executor;
 use ebs_csi_helper::grow::Grower;
 use ebs_csi_helper::handler::Handler;
 use ebs_csi_helper::harden;
+use ebs_csi_helper::layout::Layout;
 use ebs_csi_helper::mounts::MountTables;
 use ebs_csi_helper::path::AllowedRoots;
 use ebs_csi_helper::server::{self, ServerConfig};
@@ -39,6 +40,12 @@ struct Args {
     /// repeatable.
     #[arg(long = "allowed-root", value_name = "DIR", default_value = "/var/lib/kubelet")]
     allowed_roots: Vec<PathBuf>,
+    /// Whose paths the roots hold: kubelet's (its root directory) or
+    /// Nomad's (the plugin's stage_publish_base_dir). Only the shapes that
+    /// orchestrator gives a CSI volume's staging and target paths are
+    /// mounted on.
+    #[arg(long, value_enum, default_value_t = Layout::Kubelet)]
+    allowed_layout: Layout,
     /// Accept loop devices whose backing file's name contains the volume id
     /// in place of EBS NVMe devices. For demos and tests only.
     #[arg(long)]
@@ -94,7 +101,7 @@ fn main() -> anyhow::Result<()> {
     //    Keep PID 1's mount table open (a helper in a container sees the
     //    host's mounts through it); refuse to start where PID 1 is not the
     //    node's init.
-    let roots = AllowedRoots::open(&args.allowed_roots).context("opening the allowed roots")?;
+    let roots = AllowedRoots::open(&args.allowed_roots, args.allowed_layout).context("opening the allowed roots")?;
     let mounts = MountTables::open(args.nested_pid_namespace).context("opening the node's mount table")?;
     // 5. Bind the socket (owner root, the agent's group, mode 0660).
     let listener = match activated {
@@ -133,7 +140,7 @@ fn main() -> anyhow::Result<()> {
         max_connections: args.max_connections,
         io_timeout: Duration::from_secs(args.io_timeout_seconds),
     };
-    tracing::info!(socket = %args.socket.display(), allowed_uids = ?config.allowed_uids, allowed_roots = ?args.allowed_roots, allow_loop_devices = args.allow_loop_devices, max_parallel_formats = args.max_parallel_formats, "serving");
+    tracing::info!(socket = %args.socket.display(), allowed_uids = ?config.allowed_uids, allowed_roots = ?args.allowed_roots, allowed_layout = ?args.allowed_layout, allow_loop_devices = args.allow_loop_devices, max_parallel_formats = args.max_parallel_formats, "serving");
     // 8. Serve.
     server::serve(&listener, handler, &config).context("serving")
 }

@@ -2,7 +2,9 @@
 //! following any symlink.
 //!
 //! Every path the agent sends is checked for form (absolute, no `.`/`..`,
-//! no empty component), matched to one of the allowed roots, and opened
+//! no empty component), matched to one of the allowed roots, checked to
+//! have the shape the orchestrator gives such a path ([`crate::layout`]),
+//! and opened
 //! component by component with `openat2(RESOLVE_BENEATH |
 //! RESOLVE_NO_SYMLINKS)` from a directory fd the helper opened at start.
 //! The parents are walked with `RESOLVE_NO_XDEV` as well: a path never
@@ -18,28 +20,17 @@ use std::path::{Path, PathBuf};
 use ebs_csi_helper_proto::HelperError;
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
+use crate::layout::{Layout, Role};
+
 /// The longest path accepted, in bytes (Linux `PATH_MAX`).
 const PATH_MAX: usize = 4096;
 
-/// kubelet's own files and directories directly beneath its root
-/// (`/var/lib/kubelet`): no path through them is accepted, so nothing is
-/// ever mounted over, unmounted from or removed from them.
-pub const RESERVED: [&str; 9] = [
-    "pki",
-    "device-plugins",
-    "plugins_registry",
-    "pod-resources",
-    "checkpoints",
-    "config.yaml",
-    "kubeconfig",
-    "cpu_manager_state",
-    "memory_manager_state",
-];
-
-/// The directories beneath which the helper may mount.
+/// The directories beneath which the helper may mount, and the layout of
+/// the paths there.
 #[derive(Debug)]
 pub struct AllowedRoots {
     roots: Vec<Root>,
+    layout: Layout,
 }
 
 #[derive(Debug)]
@@ -58,12 +49,13 @@ pub struct SafePath<'r> {
 }
 
 impl AllowedRoots {
-    /// Canonicalizes and opens each root directory.
+    /// Canonicalizes and opens each root directory, beneath which paths
+    /// have the shapes of `layout`.
     ///
     /// # Errors
     /// `InvalidInput` for `/` or a relative root (allowing everything is
     /// never what is meant), or the error opening a root.
-    pub fn open(dirs: &[PathBuf]) -> io::Result<Self> {
+    pub fn open(dirs: &[PathBuf], layout: Layout) -> io::Result<Self> {
         let roots = dirs
             .iter()
             .map(|dir| {
@@ -83,7 +75,7 @@ impl AllowedRoots {
                 Ok(Root { components, dir })
             })
             .collect::<io::Result<_>>()?;
-        Ok(Self { roots })
+        Ok(Self { roots, layout })
     }
 
     /// Whether an absolute, already canonical path (such as a mountinfo
@@ -96,14 +88,14 @@ impl AllowedRoots {
             .any(|root| parts.len() > root.components.len() && root.components.iter().zip(&parts).all(|(a, b)| a == b))
     }
 
-    /// Checks the form of `path` and finds its root.
+    /// Checks the form of `path`, finds its root, and checks that it has
+    /// the layout's shape of a path of `role` there.
     ///
     /// # Errors
     /// [`HelperError::PathRefused`] when the path is relative, too long,
     /// has an empty, `.` or `..` component, lies outside every root (or
-    /// is a root itself), or passes through one of kubelet's own
-    /// [`RESERVED`] entries.
-    pub fn check<'r>(&'r self, path: &str) -> Result<SafePath<'r>, HelperError> {
+    /// is a root itself), or is not of that shape ([`NOT_ITS_SHAPE`]).
+    pub fn check<'r>(&'r self, path: &str, role: Role) -> Result<SafePath<'r>, HelperError> {
         let refuse = |reason: &str| HelperError::PathRefused {
             path: path.to_owned(),
             reason: reason.to_owned(),
@@ -122,8 +114,8 @@ impl AllowedRoots {
             .filter(|root| parts.len() > root.components.len())
             .find(|root| root.components.iter().zip(&parts).all(|(a, b)| a == b))
             .ok_or_else(|| refuse("not beneath an allowed root"))?;
-        if RESERVED.contains(&parts[root.components.len()]) {
-            return Err(refuse("kubelet's own directory"));
+        if !self.layout.accepts(role, &parts[root.components.len()..]) {
+            return Err(refuse(NOT_ITS_SHAPE));
         }
         Ok(SafePath {
             root,
@@ -217,6 +209,11 @@ impl SafePath<'_> {
     }
 }
 
+/// The reason of [`HelperError::PathRefused`] for a path that is not where
+/// the orchestrator puts a CSI volume's staging or target path of the
+/// request's kind (`--allowed-layout`).
+pub const NOT_ITS_SHAPE: &str = "is not where the orchestrator stages or publishes a CSI volume of this kind";
+
 /// The reason of [`HelperError::PathRefused`] for a path whose parents
 /// cross a mount point (or leave their root).
 pub const CROSSES_MOUNT: &str = "a parent crosses a mount point or leaves its root";
@@ -269,40 +266,50 @@ fn components_of(path: &Path) -> io::Result<Vec<String>> {
 mod tests {
     use super::*;
 
+    /// The tests use Nomad's shapes, the shortest: staging
+    /// `staging/<volume>/<usage>`, target `per-alloc/<alloc>/<volume>/<usage>`.
+    fn nomad_roots(dir: &Path) -> AllowedRoots {
+        AllowedRoots::open(&[dir.to_owned()], Layout::Nomad).unwrap()
+    }
+
     #[test]
-    fn refuses_malformed_and_outside_paths() {
+    fn refuses_malformed_outside_and_misshapen_paths() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().canonicalize().unwrap();
-        let roots = AllowedRoots::open(std::slice::from_ref(&dir)).unwrap();
+        let roots = nomad_roots(&dir);
         let root = dir.to_str().unwrap();
         for bad in [
             "relative/path".to_owned(),
-            format!("{root}/a/../b"),
-            format!("{root}/./a"),
-            format!("{root}//a"),
-            format!("{root}/a/"),
+            format!("{root}/staging/v/../u"),
+            format!("{root}/staging/./v/u"),
+            format!("{root}//staging/v/u"),
+            format!("{root}/staging/v/u/"),
             root.to_owned(),
             "/etc/passwd".to_owned(),
-            format!("{root}x/a"),
-            format!("{root}/a\0b"),
+            format!("{root}x/staging/v/u"),
+            format!("{root}/staging/v/u\0b"),
         ] {
             assert!(
-                matches!(roots.check(&bad), Err(HelperError::PathRefused { .. })),
+                matches!(roots.check(&bad, Role::Staging), Err(HelperError::PathRefused { .. })),
                 "{bad:?} accepted"
             );
         }
-        let ok = roots.check(&format!("{root}/a/b")).unwrap();
-        assert_eq!(ok.name(), "b");
+        let ok = roots.check(&format!("{root}/staging/v/u"), Role::Staging).unwrap();
+        assert_eq!(ok.name(), "u");
         assert!(roots.contains(&format!("{root}/a")));
         assert!(!roots.contains(root), "a mount at the root itself is the host's");
         assert!(!roots.contains("/var"));
-        for reserved in RESERVED {
-            let path = format!("{root}/{reserved}/x");
+        for (path, role) in [
+            (format!("{root}/staging/v/u"), Role::Target),
+            (format!("{root}/per-alloc/a/v/u"), Role::Staging),
+            (format!("{root}/staging/v"), Role::Volume),
+            (format!("{root}/a/b"), Role::Volume),
+        ] {
             assert_eq!(
-                roots.check(&path).unwrap_err(),
+                roots.check(&path, role).unwrap_err(),
                 HelperError::PathRefused {
                     path,
-                    reason: "kubelet's own directory".into()
+                    reason: NOT_ITS_SHAPE.into()
                 }
             );
         }
@@ -310,35 +317,25 @@ mod tests {
 
     #[test]
     fn refuses_the_filesystem_root() {
-        assert!(AllowedRoots::open(&[PathBuf::from("/")]).is_err());
+        assert!(AllowedRoots::open(&[PathBuf::from("/")], Layout::Kubelet).is_err());
     }
 
     #[test]
     fn refuses_symlinks_on_the_way() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().canonicalize().unwrap();
-        std::fs::create_dir(dir.join("real")).unwrap();
-        std::os::unix::fs::symlink("/etc", dir.join("link")).unwrap();
-        let roots = AllowedRoots::open(std::slice::from_ref(&dir)).unwrap();
+        std::fs::create_dir_all(dir.join("staging/real/u")).unwrap();
+        std::os::unix::fs::symlink("/etc", dir.join("staging/link")).unwrap();
+        let roots = nomad_roots(&dir);
         let root = dir.to_str().unwrap();
-        assert!(roots.check(&format!("{root}/real")).unwrap().open().unwrap().is_some());
-        assert!(
-            roots
-                .check(&format!("{root}/missing"))
-                .unwrap()
-                .open()
-                .unwrap()
-                .is_none()
-        );
-        for path in [format!("{root}/link"), format!("{root}/link/passwd")] {
-            let err = roots.check(&path).unwrap().open().unwrap_err();
+        let check = |path: String| roots.check(&path, Role::Staging).unwrap();
+        assert!(check(format!("{root}/staging/real/u")).open().unwrap().is_some());
+        assert!(check(format!("{root}/staging/real/missing")).open().unwrap().is_none());
+        for path in [format!("{root}/staging/link/u"), format!("{root}/staging/link/passwd")] {
+            let err = check(path.clone()).open().unwrap_err();
             assert!(matches!(err, HelperError::PathRefused { .. }), "{path}: {err}");
         }
-        let err = roots
-            .check(&format!("{root}/link/x/y"))
-            .unwrap()
-            .open_parent(true)
-            .unwrap_err();
+        let err = check(format!("{root}/staging/link/x")).open_parent(true).unwrap_err();
         assert!(matches!(err, HelperError::PathRefused { .. }), "{err}");
         assert!(!Path::new("/etc/x").exists());
     }

@@ -178,8 +178,10 @@ impl Node {
 
 impl Stager {
     fn paths(&self, volume_id: &str) -> (String, String) {
-        let staging = crate::make_dir(&self.kubelet.join(format!("plugins/staging/{volume_id}")));
-        let target = self.kubelet.join(format!("pods/{volume_id}/mount"));
+        let staging = crate::make_dir(&crate::kubelet_staging(&self.kubelet, volume_id));
+        let target = self.kubelet.join(format!(
+            "pods/pod-{volume_id}/volumes/kubernetes.io~csi/{volume_id}/mount"
+        ));
         (
             staging.to_string_lossy().into_owned(),
             target.to_string_lossy().into_owned(),

@@ -9,6 +9,8 @@
 )]
 
 use std::os::unix::fs::PermissionsExt;
+
+use sha2::Digest;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -128,6 +130,37 @@ impl Sandbox {
         kubelet
     }
 
+    /// kubelet's staging path of the volume `volume_id` beneath
+    /// [`Sandbox::kubelet`], created empty as kubelet creates it:
+    /// `plugins/kubernetes.io/csi/ebs.csi.aws.com/<sha256 of the volume
+    /// handle>/globalmount` (kubernetes `pkg/volume/csi/csi_attacher.go`).
+    pub fn staging(&self, volume_id: &str) -> PathBuf {
+        make_dir(&kubelet_staging(&self.kubelet(), volume_id))
+    }
+
+    /// kubelet's target path of the volume `pv` in pod `pod` beneath
+    /// [`Sandbox::kubelet`]: `pods/<pod>/volumes/kubernetes.io~csi/<pv>/mount`
+    /// (`csi_mounter.go`), its parent created, itself not (the plugin
+    /// creates it).
+    pub fn target(&self, pod: &str, pv: &str) -> PathBuf {
+        let target = self
+            .kubelet()
+            .join(format!("pods/{pod}/volumes/kubernetes.io~csi/{pv}/mount"));
+        make_dir(target.parent().expect("parent"));
+        target
+    }
+
+    /// kubelet's raw block target of the volume `pv` in pod `pod`:
+    /// `plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<pod>`
+    /// (`csi_block.go`), its parent created, itself not.
+    pub fn block_target(&self, pod: &str, pv: &str) -> PathBuf {
+        let target = self
+            .kubelet()
+            .join(format!("plugins/kubernetes.io/csi/volumeDevices/publish/{pv}/{pod}"));
+        make_dir(target.parent().expect("parent"));
+        target
+    }
+
     /// The device tree the agent is pointed at (`--dev-dir`).
     pub fn dev_dir(&self) -> PathBuf {
         self.mkdir("dev")
@@ -143,6 +176,18 @@ impl Sandbox {
     pub fn mkdir(&self, rel: &str) -> PathBuf {
         make_dir(&self.path().join(rel))
     }
+}
+
+/// kubelet's staging path of the volume `volume_id` beneath its root
+/// `kubelet`: `plugins/kubernetes.io/csi/ebs.csi.aws.com/<sha256 of the
+/// volume handle>/globalmount` (kubernetes `pkg/volume/csi/csi_attacher.go`,
+/// `MakeDeviceMountPath`).
+pub fn kubelet_staging(kubelet: &Path, volume_id: &str) -> PathBuf {
+    let hash: String = sha2::Sha256::digest(volume_id.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    kubelet.join(format!("plugins/kubernetes.io/csi/ebs.csi.aws.com/{hash}/globalmount"))
 }
 
 /// Links `<dir>/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol…` to the
@@ -513,4 +558,14 @@ pub async fn channel(socket: &Path) -> Channel {
         }))
         .await
         .expect("connect")
+}
+
+#[cfg(test)]
+mod tests {
+    /// The helper accepts kubelet's staging paths of one driver, by name;
+    /// it links no gRPC code, so it keeps its own copy of the name.
+    #[test]
+    fn the_helper_and_the_agent_name_the_same_driver() {
+        assert_eq!(ebs_csi_helper::layout::DRIVER_NAME, ebs_csi_proto::DRIVER_NAME);
+    }
 }

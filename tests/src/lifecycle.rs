@@ -374,9 +374,7 @@ impl Driver {
             .map_err(status)?
             .into_inner()
             .publish_context;
-        let staging = self
-            .kubelet
-            .join(format!("plugins/kubernetes.io/csi/ebs.csi.aws.com/{name}/globalmount"));
+        let staging = crate::kubelet_staging(&self.kubelet, volume_id);
         std::fs::create_dir_all(&staging).map_err(|e| e.to_string())?;
         Ok(NodeVolume {
             volume_id: volume_id.into(),

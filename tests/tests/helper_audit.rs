@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use ebs_csi_helper::device::Refusal;
 use ebs_csi_helper::exec::Tool;
 use ebs_csi_helper::handler::{FOREIGN_MOUNT, NOT_A_MOUNT_POINT};
-use ebs_csi_helper::path::CROSSES_MOUNT;
+use ebs_csi_helper::path::{CROSSES_MOUNT, NOT_ITS_SHAPE};
 use ebs_csi_helper_proto::{
     ClientError, ExpandRequest, FsType, HelperError, PROTOCOL_VERSION, Reply, Request, Response, UnpublishRequest,
     UnstageRequest, VolumeId, read_frame, write_frame,
@@ -164,7 +164,8 @@ fn symlinked_devices_are_refused_whatever_they_point_to() {
     let a = LoopVolume::create(sandbox.path(), A, 64);
     let b = LoopVolume::create(sandbox.path(), B, 64);
     run("mkfs.ext4", &["-q", &text(&b.device)]);
-    let staging = sandbox.mkdir("kubelet/staging");
+    let staging = sandbox.staging(B);
+    let block_target = sandbox.block_target("pod-b", B);
     let unchanged = Unchanged::record(&sandbox, &[&a, &b]);
     let shm = sandbox.mkdir("shm-links");
     let mut nodes = DevNodes(Vec::new());
@@ -214,14 +215,10 @@ fn symlinked_devices_are_refused_whatever_they_point_to() {
     for device in [&kernel_named, &missing, &to_shadow] {
         let expected = device_refused(&text(device), B, Refusal::NotBlockDevice);
         expect_refused(&helper, stage(B, device, &staging), &expected);
-        expect_refused(
-            &helper,
-            publish_device(B, device, &sandbox.path().join("kubelet/b")),
-            &expected,
-        );
+        expect_refused(&helper, publish_device(B, device, &block_target), &expected);
     }
     unchanged.assert("symlinked devices");
-    assert!(!sandbox.path().join("kubelet/b").exists());
+    assert!(!block_target.exists());
 }
 
 /// T1 and T20 on loop devices: a format is queued behind a frozen `mkfs`;
@@ -242,10 +239,11 @@ fn a_device_renamed_while_its_format_waits_is_never_formatted() {
     std::fs::write(&b.file, vec![0x5a; 64 << 20]).unwrap();
     let mut nodes = DevNodes(Vec::new());
     let moved_aside = nodes.path(&format!("{}-aside", a.device.file_name().unwrap().to_string_lossy()));
+    let (staging_blocker, staging_a) = (sandbox.staging("vol-0ccccccccccccccc3"), sandbox.staging(A));
     let unchanged = Unchanged::record(&sandbox, &[&a, &b]);
     let (stage_blocker, stage_a) = (
-        stage("vol-0ccccccccccccccc3", &blocker.device, &sandbox.mkdir("kubelet/c")),
-        stage(A, &a.device, &sandbox.mkdir("kubelet/a")),
+        stage("vol-0ccccccccccccccc3", &blocker.device, &staging_blocker),
+        stage(A, &a.device, &staging_a),
     );
     let gate = ExecGate::watch(helper.process.pid(), &MKFS);
     std::thread::scope(|scope| {
@@ -258,7 +256,7 @@ fn a_device_renamed_while_its_format_waits_is_never_formatted() {
         let probe = Request::Expand(ExpandRequest {
             volume_id: VolumeId::parse(A).unwrap(),
             device: text(&a.device),
-            volume_path: text(&sandbox.path().join("kubelet/a")),
+            volume_path: text(&staging_a),
         });
         wait_until("the format of A to queue", Duration::from_secs(20), || {
             matches!(
@@ -285,9 +283,9 @@ fn a_device_renamed_while_its_format_waits_is_never_formatted() {
             other => panic!("the renamed device's format went on: {other:?}"),
         }
     });
-    assert!(!is_mounted(&sandbox.path().join("kubelet/a")));
+    assert!(!is_mounted(&staging_a));
     let unstage = Request::Unstage(UnstageRequest {
-        staging_path: text(&sandbox.path().join("kubelet/c")),
+        staging_path: text(&staging_blocker),
     });
     assert_eq!(helper.call(unstage).unwrap(), Reply::Done);
     unchanged.assert("a renamed device");
@@ -303,35 +301,43 @@ fn unpublish_removes_only_empty_mount_points() {
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let kubelet = sandbox.kubelet();
-    let notes = sandbox.mkdir("kubelet/pods/p1").join("notes.txt");
+    // Each at a path of a target's shape, so that the checks beyond the
+    // shape are what refuses it.
+    let notes = sandbox.target("p1", "pv-notes");
     std::fs::write(&notes, "a pod's file").unwrap();
-    let socket_path = sandbox.mkdir("kubelet/plugins/x").join("csi.sock");
+    let socket_path = sandbox.block_target("p1", "pv-socket");
     let _listener = std::os::unix::net::UnixListener::bind(&socket_path).unwrap();
-    let agents_empty = sandbox.mkdir("kubelet/pods/p1").join("agents-empty");
+    let agents_empty = sandbox.target("p1", "pv-agent");
     std::fs::write(&agents_empty, "").unwrap();
     std::os::unix::fs::chown(&agents_empty, Some(AGENT_UID), Some(AGENT_UID)).unwrap();
-    let volume = sandbox.path().join("kubelet/pods/p2/volumes/v");
+    let volume = sandbox.target("p2", "pv-tmpfs");
     mount_tmpfs(&volume);
     std::fs::write(volume.join("data.db"), "another pod's data").unwrap();
+    let p3_volumes = kubelet.join("pods/p3/volumes");
+    mount_tmpfs(&p3_volumes);
+    let through_a_mount = p3_volumes.join("kubernetes.io~csi/pv/mount");
+    std::fs::create_dir_all(&through_a_mount).unwrap();
     let unchanged = Unchanged::record(&sandbox, &[]);
     for (target, reason) in [
         (notes.clone(), NOT_A_MOUNT_POINT),
         (socket_path.clone(), NOT_A_MOUNT_POINT),
         (agents_empty.clone(), NOT_A_MOUNT_POINT),
-        (volume.join("data.db"), CROSSES_MOUNT),
-        (kubelet.join("config.yaml"), "kubelet's own directory"),
+        (through_a_mount.clone(), CROSSES_MOUNT),
+        (volume.join("data.db"), NOT_ITS_SHAPE),
+        (kubelet.join("config.yaml"), NOT_ITS_SHAPE),
     ] {
         expect_refused(&helper, unpublish(&target), &path_refused(&target, reason));
     }
     expect_refused(&helper, unpublish(&volume), &path_refused(&volume, FOREIGN_MOUNT));
     unchanged.assert("unpublish of what is not a mount");
     assert_eq!(std::fs::read_to_string(&notes).unwrap(), "a pod's file");
-    assert!(socket_path.exists() && agents_empty.exists());
+    assert!(socket_path.exists() && agents_empty.exists() && through_a_mount.exists());
     assert_eq!(
         std::fs::read_to_string(volume.join("data.db")).unwrap(),
         "another pod's data"
     );
-    let leftover = sandbox.mkdir("kubelet/pods/p1/volumes/kubernetes.io~csi/pv/mount");
+    let leftover = sandbox.target("p1", "pv");
+    ebs_csi_tests::make_dir(&leftover);
     assert_eq!(helper.call(unpublish(&leftover)).unwrap(), Reply::Done);
     assert!(!leftover.exists(), "an empty mount point the helper made stays behind");
 }
@@ -351,16 +357,28 @@ fn publish_binds_only_the_volumes_staged_filesystem() {
     let secret = kubelet.join("pods/victim/volumes/kubernetes.io~secret/s");
     mount_tmpfs(&secret);
     std::fs::write(secret.join("token"), "victim's token").unwrap();
-    let staging_b = sandbox.mkdir("kubelet/staging/b");
+    // Another driver's volume, staged where kubelet stages every driver's
+    // in its older layout.
+    let foreign = kubelet.join("plugins/kubernetes.io/csi/pv/pv-other/globalmount");
+    mount_tmpfs(&foreign);
+    std::fs::write(foreign.join("data"), "another driver's volume").unwrap();
+    let staging_b = sandbox.staging(B);
     assert_eq!(helper.call(stage(B, &b.device, &staging_b)).unwrap(), Reply::Done);
-    let other_pod = kubelet.join("pods/p2/vol");
+    // Mounts a path of every shape would cross on its way.
+    let other_pod = kubelet.join("pods/p2");
     mount_tmpfs(&other_pod);
-    std::fs::create_dir(other_pod.join("dir")).unwrap();
-    std::fs::write(other_pod.join("file"), "p2's file").unwrap();
+    let other_target = other_pod.join("volumes/kubernetes.io~csi/pv/mount");
+    std::fs::create_dir_all(&other_target).unwrap();
+    std::fs::write(other_target.join("file"), "p2's file").unwrap();
+    let other_devices = kubelet.join("plugins/kubernetes.io/csi/volumeDevices/publish/pv-2");
+    mount_tmpfs(&other_devices);
+    let other_staging = kubelet.join("plugins/kubernetes.io/csi/pv/pv-2");
+    mount_tmpfs(&other_staging);
+    std::fs::create_dir(other_staging.join("globalmount")).unwrap();
     // B is mounted: ext4's lazy inode-table initialisation writes to it on
     // its own, so only the blank A's bytes are compared.
     let unchanged = Unchanged::record(&sandbox, &[&a]);
-    let leak = kubelet.join("plugins/ebs.csi.aws.com/leak");
+    let leak = sandbox.target("p-leak", "pv-leak");
     let not_staged = |path: &Path| HelperError::NotStaged {
         path: text(path),
         volume_id: A.to_owned(),
@@ -368,24 +386,32 @@ fn publish_binds_only_the_volumes_staged_filesystem() {
     expect_refused(
         &helper,
         publish_staged(A, &a.device, &secret, &leak),
-        &not_staged(&secret),
+        &path_refused(&secret, NOT_ITS_SHAPE),
     );
-    expect_refused(
-        &helper,
-        publish_staged(A, &a.device, &staging_b, &leak),
-        &not_staged(&staging_b),
-    );
+    for staging in [&foreign, &staging_b] {
+        expect_refused(
+            &helper,
+            publish_staged(A, &a.device, staging, &leak),
+            &not_staged(staging),
+        );
+    }
     let cases = [
-        (publish_device(A, &a.device, &other_pod.join("x")), other_pod.join("x")),
-        (stage(A, &a.device, &other_pod.join("dir")), other_pod.join("dir")),
-        (unpublish(&other_pod.join("file")), other_pod.join("file")),
+        (
+            publish_device(A, &a.device, &other_devices.join("p2")),
+            other_devices.join("p2"),
+        ),
+        (
+            stage(A, &a.device, &other_staging.join("globalmount")),
+            other_staging.join("globalmount"),
+        ),
+        (unpublish(&other_target), other_target.clone()),
     ];
     for (request, path) in cases {
         expect_refused(&helper, request, &path_refused(&path, CROSSES_MOUNT));
     }
     unchanged.assert("binds of what is not the volume");
-    assert!(!leak.exists() && !other_pod.join("x").exists());
-    assert_eq!(std::fs::read_to_string(other_pod.join("file")).unwrap(), "p2's file");
+    assert!(!leak.exists() && !other_devices.join("p2").exists());
+    assert_eq!(std::fs::read_to_string(other_target.join("file")).unwrap(), "p2's file");
     let target = kubelet.join("pods/p1/volumes/kubernetes.io~csi/pv/mount");
     assert_eq!(
         helper.call(publish_staged(B, &b.device, &staging_b, &target)).unwrap(),
@@ -393,15 +419,18 @@ fn publish_binds_only_the_volumes_staged_filesystem() {
     );
     assert!(is_mounted(&target));
     assert_eq!(helper.call(unpublish(&target)).unwrap(), Reply::Done);
-    let unstage = Request::Unstage(UnstageRequest {
-        staging_path: text(&staging_b),
-    });
-    assert_eq!(helper.call(unstage).unwrap(), Reply::Done);
-    let foreign = Request::Unstage(UnstageRequest {
-        staging_path: text(&secret),
-    });
-    expect_refused(&helper, foreign, &path_refused(&secret, FOREIGN_MOUNT));
-    assert!(is_mounted(&secret), "another pod's secret was unmounted");
+    let unstage = |path: &Path| {
+        Request::Unstage(UnstageRequest {
+            staging_path: text(path),
+        })
+    };
+    assert_eq!(helper.call(unstage(&staging_b)).unwrap(), Reply::Done);
+    expect_refused(&helper, unstage(&foreign), &path_refused(&foreign, FOREIGN_MOUNT));
+    expect_refused(&helper, unstage(&secret), &path_refused(&secret, NOT_ITS_SHAPE));
+    assert!(
+        is_mounted(&secret) && is_mounted(&foreign),
+        "another pod's secret or another driver's volume was unmounted"
+    );
 }
 
 /// T8, T19: nodes that are not block devices, under names the helper
@@ -414,7 +443,7 @@ fn fifos_and_ttys_are_refused_without_being_opened() {
     }
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
-    let staging = sandbox.mkdir("kubelet/staging");
+    let staging = sandbox.staging(A);
     let mut nodes = DevNodes(Vec::new());
     let (fifo, tty) = (nodes.path("nvme97n1"), nodes.path("nvme96n1"));
     rustix::fs::mknodat(
@@ -436,7 +465,7 @@ fn fifos_and_ttys_are_refused_without_being_opened() {
     .unwrap();
     std::thread::scope(|scope| {
         let staged = scope.spawn(|| helper.call(stage(A, &fifo, &staging)));
-        let missing = sandbox.path().join("kubelet/missing");
+        let missing = sandbox.target("p-missing", "pv");
         assert_eq!(
             helper.call(unpublish(&missing)).unwrap(),
             Reply::Done,
@@ -478,8 +507,7 @@ fn devices_in_use_are_neither_staged_nor_published_raw() {
     let helper = Helper::start(&sandbox, &["--allowed-root", &text(&host_root)]);
     let raw = LoopVolume::create(sandbox.path(), A, 64);
     let staged = LoopVolume::create(sandbox.path(), B, 64);
-    let kubelet = sandbox.kubelet();
-    let block_target = kubelet.join("pods/a/dev");
+    let block_target = sandbox.block_target("a", A);
     assert_eq!(
         helper.call(publish_device(A, &raw.device, &block_target)).unwrap(),
         Reply::Done
@@ -491,13 +519,13 @@ fn devices_in_use_are_neither_staged_nor_published_raw() {
         .unwrap()
         .write_all(&pattern)
         .unwrap();
-    let staging = sandbox.mkdir("kubelet/staging/b");
+    let staging = sandbox.staging(B);
     assert_eq!(helper.call(stage(B, &staged.device, &staging)).unwrap(), Reply::Done);
     // The mounted disks change on their own (ext4 lazy init): their
     // signatures are compared, the raw volume's bytes.
     let unchanged = Unchanged::record(&sandbox, &[&raw]);
     let signatures = (staged.signature(), host_disk.signature());
-    let raw_staging = sandbox.mkdir("kubelet/staging/a");
+    let raw_staging = sandbox.staging(A);
     expect_refused(
         &helper,
         stage(A, &raw.device, &raw_staging),
@@ -505,7 +533,7 @@ fn devices_in_use_are_neither_staged_nor_published_raw() {
     );
     expect_refused(
         &helper,
-        publish_device(B, &staged.device, &kubelet.join("pods/b/dev")),
+        publish_device(B, &staged.device, &sandbox.block_target("b", B)),
         &device_refused(&text(&staged.device), B, Refusal::FilesystemMounted),
     );
     expect_refused(
@@ -525,7 +553,7 @@ fn devices_in_use_are_neither_staged_nor_published_raw() {
         .read_exact(&mut written)
         .unwrap();
     assert!(written == pattern, "the raw volume's data changed");
-    assert!(!kubelet.join("pods/b/dev").exists() && !host_root.join("x").exists());
+    assert!(!sandbox.block_target("b", B).exists() && !host_root.join("x").exists());
     assert_eq!(helper.call(unpublish(&block_target)).unwrap(), Reply::Done);
 }
 
@@ -556,7 +584,7 @@ fn a_disk_mounted_only_in_the_hosts_namespace_is_in_use() {
         pid1_mounts().contains(&text(&host_only)),
         "this test's mount namespace must be PID 1's"
     );
-    let target = sandbox.kubelet().join("pods/a/dev");
+    let target = sandbox.block_target("a", A);
     expect_refused(
         &helper,
         publish_device(A, &disk.device, &target),
@@ -577,7 +605,7 @@ fn a_tool_past_its_time_limit_is_killed() {
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &["--tool-timeout-seconds", "1"]);
     let volume = LoopVolume::create(sandbox.path(), A, 512);
-    let staging = sandbox.mkdir("kubelet/staging");
+    let staging = sandbox.staging(A);
     let gate = ExecGate::watch(helper.process.pid(), &MKFS);
     let (result, mkfs) = std::thread::scope(|scope| {
         let call = scope.spawn(|| helper.call(stage(A, &volume.device, &staging)));
@@ -619,7 +647,7 @@ fn a_swap_device_is_in_use() {
     let unchanged = Unchanged::record(&sandbox, &[&volume]);
     expect_refused(
         &helper,
-        stage(A, &volume.device, &sandbox.mkdir("kubelet/staging")),
+        stage(A, &volume.device, &sandbox.staging(A)),
         &device_refused(&text(&volume.device), A, Refusal::Swap),
     );
     unchanged.assert("a swap device");
@@ -787,7 +815,7 @@ fn malformed_frames_and_control_characters_change_nothing() {
         .unwrap();
     assert!(rss_kib < 20 * 1024, "the helper's RSS grew to {rss_kib} KiB");
     let forged = [
-        stage(A, Path::new("/dev/x\nFORGED mount ok"), &sandbox.mkdir("kubelet/s")),
+        stage(A, Path::new("/dev/x\nFORGED mount ok"), &sandbox.staging(A)),
         unpublish(Path::new(&format!("{root}/a\nFORGED unmount ok"))),
         Request::Expand(ExpandRequest {
             volume_id: VolumeId::parse(A).unwrap(),

@@ -97,7 +97,7 @@ fn unstage(helper: &Helper, staging: &Path) {
 fn crash_at(step: Step) {
     let sandbox = Sandbox::new();
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 320);
-    let staging = sandbox.mkdir("kubelet/staging");
+    let staging = sandbox.staging(VOLUME);
     let fs = if matches!(step, Step::DuringGrowth) {
         FsType::Xfs
     } else {
@@ -223,7 +223,7 @@ async fn an_agent_killed_mid_stage_leaves_a_retry_that_works() {
         let helper = Helper::start(&sandbox, &[]);
         let volume = LoopVolume::create(sandbox.path(), VOLUME, 320);
         sandbox.link_ebs_device(&volume);
-        let staging = sandbox.mkdir("kubelet/plugins/kubernetes.io/csi/ebs.csi.aws.com/staging");
+        let staging = sandbox.staging(VOLUME);
         let request = NodeStageVolumeRequest {
             volume_id: VOLUME.into(),
             staging_target_path: staging.to_string_lossy().into_owned(),

@@ -20,7 +20,7 @@ fn volume_id(n: u32) -> String {
 }
 
 fn stage(sandbox: &Sandbox, volume: &LoopVolume, fs_type: FsType) -> Request {
-    let staging = sandbox.mkdir(&format!("kubelet/staging/{}", volume.volume_id));
+    let staging = sandbox.staging(&volume.volume_id);
     stage_request(&volume.volume_id, &volume.device, &staging, fs_type, &[])
 }
 
@@ -80,9 +80,7 @@ fn formats_run_in_parallel_up_to_the_limit() {
         "mkfs processes at once with the limit at 2 and 6 blank volumes"
     );
     for v in &volumes {
-        assert!(is_mounted(
-            &sandbox.path().join(format!("kubelet/staging/{}", v.volume_id))
-        ));
+        assert!(is_mounted(&sandbox.staging(&v.volume_id)));
     }
 }
 
@@ -115,7 +113,10 @@ fn a_device_being_formatted_is_refused_until_its_format_ends() {
         };
         let again = helper.call(request.clone());
         let publish_block = helper.call(Request::Publish(PublishRequest {
-            target_path: sandbox.path().join("kubelet/block").to_string_lossy().into_owned(),
+            target_path: sandbox
+                .block_target("pod-1", &volume.volume_id)
+                .to_string_lossy()
+                .into_owned(),
             readonly: false,
             source: PublishSource::Device {
                 volume_id: VolumeId::parse(&volume.volume_id).unwrap(),
@@ -130,16 +131,14 @@ fn a_device_being_formatted_is_refused_until_its_format_ends() {
         );
         assert_eq!(first.join().unwrap().unwrap(), Reply::Done);
     });
-    assert!(is_mounted(
-        &sandbox.path().join(format!("kubelet/staging/{}", volume.volume_id))
-    ));
+    assert!(is_mounted(&sandbox.staging(&volume.volume_id)));
     assert_eq!(
         helper.call(request).unwrap(),
         Reply::Done,
         "staging again once formatted"
     );
     assert!(
-        !sandbox.path().join("kubelet/block").exists(),
+        !sandbox.block_target("pod-1", &volume.volume_id).exists(),
         "the refused publish created its target"
     );
 }

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ebs_csi_helper::device::Refusal;
-use ebs_csi_helper::path::SYMLINK;
+use ebs_csi_helper::path::NOT_ITS_SHAPE;
 use ebs_csi_helper_proto::{
     ExpandRequest, FsType, HelperClient, HelperError, MAX_FRAME_BYTES, OLDEST_VERSION, PROTOCOL_VERSION,
     PublishRequest, PublishSource, Reply, Request, RequestFrame, Response, UnpublishRequest, UnstageRequest, VolumeId,
@@ -83,7 +83,7 @@ fn two_hundred_hostile_requests_change_nothing() {
     std::fs::write(outside.join("secret"), "untouched").unwrap();
     std::os::unix::fs::symlink("/etc", kubelet.join("link-to-etc")).unwrap();
     std::os::unix::fs::symlink(&outside, kubelet.join("link-out")).unwrap();
-    sandbox.mkdir("kubelet/staging");
+    let staging = sandbox.staging(VOLUME).to_string_lossy().into_owned();
     let device = volume.device.to_string_lossy().into_owned();
     let (mounts_before, host_before) = (ebs_csi_tests::mounts_under(sandbox.path()), host_mounts());
 
@@ -113,14 +113,18 @@ fn two_hundred_hostile_requests_change_nothing() {
         (String::new(), "not absolute"),
         (root.clone(), outside_roots),
         (format!("{root}x/staging"), outside_roots),
-        (format!("{root}/link-to-etc"), SYMLINK),
-        (format!("{root}/link-to-etc/passwd"), SYMLINK),
-        (format!("{root}/link-out/secret"), SYMLINK),
-        (format!("{root}/link-out/new"), SYMLINK),
+        // Symlinks where no kubelet path goes are refused for that alone
+        // (helper_refusals.rs puts them where kubelet's paths go).
+        (format!("{root}/link-to-etc"), NOT_ITS_SHAPE),
+        (format!("{root}/link-to-etc/passwd"), NOT_ITS_SHAPE),
+        (format!("{root}/link-out/secret"), NOT_ITS_SHAPE),
+        (format!("{root}/link-out/new"), NOT_ITS_SHAPE),
         (format!("{root}/nul\0byte"), "too long or contains NUL"),
         (long, "too long or contains NUL"),
         (outside.to_string_lossy().into_owned(), outside_roots),
-        (format!("{root}/pki/x"), "kubelet's own directory"),
+        (format!("{root}/pki/x"), NOT_ITS_SHAPE),
+        (format!("{root}/pods"), NOT_ITS_SHAPE),
+        (format!("{root}/pods/uid/etc-hosts"), NOT_ITS_SHAPE),
     ];
     let mut requests: Vec<(String, Request, HelperError)> = Vec::new();
     for (path, reason) in &hostile_paths {
@@ -185,7 +189,7 @@ fn two_hundred_hostile_requests_change_nothing() {
         };
         requests.push((
             format!("stage device {bad:?}"),
-            stage(bad, &format!("{root}/staging"), &[]),
+            stage(bad, &staging, &[]),
             refused.clone(),
         ));
         let source = PublishSource::Device {

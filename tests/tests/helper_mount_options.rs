@@ -26,7 +26,7 @@ fn staged<T>(
     let helper = Helper::start(&sandbox, &[]);
     let volume = LoopVolume::create(sandbox.path(), "vol-0a000000000000011", 300);
     prepare(&volume.device);
-    let staging = sandbox.mkdir("kubelet/staging/vol-0a000000000000011");
+    let staging = sandbox.staging("vol-0a000000000000011");
     let request = stage_request(&volume.volume_id, &volume.device, &staging, fs_type, mount_flags);
     assert_eq!(helper.call(request).unwrap(), Reply::Done);
     read(&staging, &volume)

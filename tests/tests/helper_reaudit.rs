@@ -14,6 +14,7 @@ use std::process::Command;
 
 use ebs_csi_helper::handler::NOT_EMPTY;
 use ebs_csi_helper::mounts::MountTablesError;
+use ebs_csi_helper::path::NOT_ITS_SHAPE;
 use ebs_csi_helper_proto::{ClientError, FsType, HelperError, PROTOCOL_VERSION, Reply, Request};
 use ebs_csi_tests::unreadable::UnreadableVolume;
 use ebs_csi_tests::{
@@ -58,7 +59,7 @@ fn stage_unreadable(
         .to_string();
     assert_eq!(unreadable.volume.signature(), "", "blkid must find nothing");
     let ends = unreadable.volume.ends();
-    let staging = sandbox.mkdir(&format!("kubelet/staging/{volume_id}"));
+    let staging = sandbox.staging(volume_id);
     let answer = helper.call(stage_request(volume_id, &device, &staging, FsType::Ext4, &[]));
     assert!(!is_mounted(&staging));
     assert!(unreadable.volume.ends() == ends, "the volume's ends changed");
@@ -156,7 +157,7 @@ fn data_no_prober_recognises_is_never_formatted() {
         .unwrap();
     assert_eq!(volume.signature(), "", "blkid must find nothing");
     let first = (3 << 20) + data.iter().position(|b| *b != 0).unwrap() as u64;
-    let staging = sandbox.mkdir("kubelet/staging/data");
+    let staging = sandbox.staging(VOLUME);
     let answer = helper.call(stage_request(VOLUME, &volume.device, &staging, FsType::Xfs, &[]));
     let expected = HelperError::FilesystemMismatch {
         device: volume.device.display().to_string(),
@@ -176,7 +177,7 @@ fn data_no_prober_recognises_is_never_formatted() {
     assert_eq!(volume.signature(), "");
 
     let blank = LoopVolume::create(sandbox.path(), "vol-0e1e1e1e1e1e1e1e3", 300);
-    let staging = sandbox.mkdir("kubelet/staging/blank");
+    let staging = sandbox.staging(&blank.volume_id);
     let request = stage_request(&blank.volume_id, &blank.device, &staging, FsType::Xfs, &[]);
     assert_eq!(helper.call(request).unwrap(), Reply::Done);
     assert_eq!(blank.signature(), "TYPE=xfs");
@@ -259,14 +260,15 @@ fn a_peer_in_a_pid_namespace_the_helper_cannot_see_is_judged_by_its_uid() {
     assert!(log.contains("refused peer peer_uid=0 peer_pid=0"), "{log}");
 }
 
-/// N5 (E8, E8b), the part that needs no path shape: a Stage or Publish
-/// onto another pod's configMap directory, its `etc-hosts` file, or
-/// kubelet's `pods/` itself mounted the agent's filesystem (or device node)
-/// over what was there. Nothing the orchestrator prepares for a volume
-/// holds anything, so a directory with an entry or a file with a byte is
-/// refused (`NOT_EMPTY`), and it and the mount table stay as they were.
+/// N5 (E8, E8b): a Stage or Publish onto another pod's configMap
+/// directory, its `etc-hosts` file, or kubelet's `pods/` itself mounted the
+/// agent's filesystem (or device node) over what was there. Only kubelet's
+/// shapes of a CSI volume's staging and target paths are accepted now
+/// (`NOT_ITS_SHAPE`), and even there a directory with an entry or a file
+/// with a byte is never mounted over (`NOT_EMPTY`); each refused path and
+/// the mount table stay as they were.
 #[test]
-fn nothing_is_mounted_over_a_directory_or_file_that_holds_something() {
+fn only_empty_paths_of_kubelets_csi_shapes_are_mounted_over() {
     if !require_root() {
         return;
     }
@@ -282,9 +284,9 @@ fn nothing_is_mounted_over_a_directory_or_file_that_holds_something() {
     std::fs::write(config.join("app.conf"), "mode=safe\n").unwrap();
     let hosts = victim.join("etc-hosts");
     std::fs::write(&hosts, "127.0.0.1 localhost\n").unwrap();
-    let refused = |path: &Path| HelperError::PathRefused {
+    let refused = |path: &Path, reason: &str| HelperError::PathRefused {
         path: path.display().to_string(),
-        reason: NOT_EMPTY.into(),
+        reason: reason.into(),
     };
     let expect = |request: Request, expected: HelperError| {
         let answer = helper.call(request.clone());
@@ -293,14 +295,7 @@ fn nothing_is_mounted_over_a_directory_or_file_that_holds_something() {
             "{request:?}: {answer:?}"
         );
     };
-
-    // A staging directory that holds something is not mounted over.
-    expect(
-        stage_request(X, &x.device, &config, FsType::Ext4, &[]),
-        refused(&config),
-    );
-    assert_eq!(x.signature(), "", "refused before the probe: nothing formatted");
-    let staging = sandbox.mkdir("kubelet/staging/x");
+    let staging = sandbox.staging(X);
     assert_eq!(
         helper
             .call(stage_request(X, &x.device, &staging, FsType::Ext4, &[]))
@@ -308,25 +303,56 @@ fn nothing_is_mounted_over_a_directory_or_file_that_holds_something() {
         Reply::Done
     );
     let before = ebs_csi_tests::mounts_under(sandbox.path());
-    for target in [&config, &kubelet.join("pods")] {
-        expect(publish_staged(X, &x.device, &staging, target), refused(target));
-    }
-    expect(publish_device(Y, &y.device, &hosts), refused(&hosts));
-    assert_eq!(ebs_csi_tests::mounts_under(sandbox.path()), before);
-    assert_eq!(std::fs::read_to_string(config.join("app.conf")).unwrap(), "mode=safe\n");
-    assert!(std::fs::symlink_metadata(&hosts).unwrap().is_file());
-    assert_eq!(std::fs::read_to_string(&hosts).unwrap(), "127.0.0.1 localhost\n");
 
-    // Empty ones are mounted over as before.
-    let target = kubelet.join("pods/p/volumes/kubernetes.io~csi/pv/mount");
-    ebs_csi_tests::make_dir(&target);
+    // Not where kubelet puts a CSI volume.
+    expect(
+        stage_request(Y, &y.device, &config, FsType::Ext4, &[]),
+        refused(&config, NOT_ITS_SHAPE),
+    );
+    for target in [&config, &kubelet.join("pods")] {
+        expect(
+            publish_staged(X, &x.device, &staging, target),
+            refused(target, NOT_ITS_SHAPE),
+        );
+    }
+    expect(publish_device(Y, &y.device, &hosts), refused(&hosts, NOT_ITS_SHAPE));
+    // Where kubelet puts one, but holding something.
+    let full_staging = sandbox.staging(Y);
+    std::fs::write(full_staging.join("left-behind"), "data").unwrap();
+    expect(
+        stage_request(Y, &y.device, &full_staging, FsType::Ext4, &[]),
+        refused(&full_staging, NOT_EMPTY),
+    );
+    let full_target = ebs_csi_tests::make_dir(&sandbox.target("p-full", "pv"));
+    std::fs::write(full_target.join("app.conf"), "mode=safe\n").unwrap();
+    expect(
+        publish_staged(X, &x.device, &staging, &full_target),
+        refused(&full_target, NOT_EMPTY),
+    );
+    let full_block = sandbox.block_target("p-full", "pv-block");
+    std::fs::write(&full_block, "data").unwrap();
+    expect(
+        publish_device(Y, &y.device, &full_block),
+        refused(&full_block, NOT_EMPTY),
+    );
+
+    assert_eq!(ebs_csi_tests::mounts_under(sandbox.path()), before);
+    assert_eq!(y.signature(), "", "refused before the probe: nothing formatted");
+    assert_eq!(std::fs::read_to_string(config.join("app.conf")).unwrap(), "mode=safe\n");
+    assert_eq!(std::fs::read_to_string(&hosts).unwrap(), "127.0.0.1 localhost\n");
+    assert_eq!(
+        std::fs::read_to_string(full_target.join("app.conf")).unwrap(),
+        "mode=safe\n"
+    );
+    assert_eq!(std::fs::read_to_string(&full_block).unwrap(), "data");
+
+    // Empty ones of those shapes are mounted over as before.
+    let target = sandbox.target("p", "pv");
     assert_eq!(
         helper.call(publish_staged(X, &x.device, &staging, &target)).unwrap(),
         Reply::Done
     );
-    let block = kubelet.join("pods/p/volumeDevices/kubernetes.io~csi/pv-block");
-    ebs_csi_tests::make_dir(block.parent().unwrap());
-    std::fs::write(&block, "").unwrap();
+    let block = sandbox.block_target("p", "pv-block");
     assert_eq!(helper.call(publish_device(Y, &y.device, &block)).unwrap(), Reply::Done);
 }
 
@@ -378,7 +404,7 @@ fn no_tool_grows_a_filesystem_that_fills_its_device() {
     ] {
         let volume = LoopVolume::create(sandbox.path(), volume_id, 320);
         ebs_csi_tests::loopdev::run(mkfs, &["-q", &volume.device.to_string_lossy()]);
-        let staging = sandbox.mkdir(&format!("kubelet/staging/{volume_id}"));
+        let staging = sandbox.staging(volume_id);
         let request = stage_request(volume_id, &volume.device, &staging, fs_type, &[]);
         assert_eq!(helper.call(request).unwrap(), Reply::Done);
         assert!(is_mounted(&staging));

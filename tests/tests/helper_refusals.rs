@@ -50,13 +50,19 @@ fn refuses_unsafe_paths() {
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 64);
     let kubelet = sandbox.kubelet();
     let outside = sandbox.mkdir("outside");
-    sandbox.mkdir("kubelet/real");
-    std::os::unix::fs::symlink(&outside, kubelet.join("link")).unwrap();
+    // Symlinks where kubelet's shapes put a volume's directory, and where
+    // they put its last component.
+    let csi = sandbox.mkdir("kubelet/plugins/kubernetes.io/csi/pv");
+    std::os::unix::fs::symlink(&outside, csi.join("link")).unwrap();
+    ebs_csi_tests::make_dir(&csi.join("leaf"));
+    std::os::unix::fs::symlink(&outside, csi.join("leaf/globalmount")).unwrap();
+    let devices = sandbox.mkdir("kubelet/plugins/kubernetes.io/csi/volumeDevices/publish");
+    std::os::unix::fs::symlink(&outside, devices.join("link")).unwrap();
     for staging in [
         outside.clone(),
-        kubelet.join("real/../../outside"),
-        kubelet.join("link"),
-        kubelet.join("link/sub"),
+        csi.join("pv-1/../../../../../outside/globalmount"),
+        csi.join("link/globalmount"),
+        csi.join("leaf/globalmount"),
         Path::new("relative/staging").to_path_buf(),
         kubelet.clone(),
     ] {
@@ -78,13 +84,13 @@ fn refuses_unsafe_paths() {
         })
     };
     for target in [
-        kubelet.join("link/new/target"),
+        devices.join("link/pod"),
         outside.join("target"),
         Path::new("/etc/target").to_path_buf(),
     ] {
         assert_refused(&helper, &volume, publish(&target), path_refused);
     }
-    assert!(!outside.join("new").exists() && !outside.join("target").exists());
+    assert!(!outside.join("pod").exists() && !outside.join("target").exists());
     assert_eq!(volume.signature(), "", "a refused request formatted the device");
 }
 
@@ -95,7 +101,7 @@ fn refuses_devices_that_are_not_the_volume() {
     }
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
-    let staging = sandbox.mkdir("kubelet/staging");
+    let staging = sandbox.staging(VOLUME);
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 64);
     let other = LoopVolume::create(sandbox.path(), "vol-0bbbbbbbbbbbbbbb2", 64);
     // Identity mismatch: another volume's device.
@@ -160,7 +166,7 @@ fn refuses_without_loop_permission_and_never_reformats() {
         return;
     }
     let sandbox = Sandbox::new();
-    let staging = sandbox.mkdir("kubelet/staging");
+    let staging = sandbox.staging(VOLUME);
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 320);
     run("mkfs.xfs", &["-q", &volume.device.to_string_lossy()]);
     let strict = Helper::start(&sandbox, &[]);
@@ -215,7 +221,7 @@ fn refuses_unknown_peers_and_bad_frames() {
     }
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
-    let staging = sandbox.mkdir("kubelet/staging");
+    let staging = sandbox.staging(VOLUME);
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 64);
     // Root is not on the allowed list: disconnected before anything is read.
     let result = helper.call_as(0, stage_request(VOLUME, &volume.device, &staging, FsType::Ext4, &[]));
@@ -270,8 +276,10 @@ fn a_symlink_swapped_in_mid_call_never_redirects_a_mount() {
     let helper = Helper::start(&sandbox, &[]);
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 16);
     let outside = sandbox.mkdir("outside");
-    let race = sandbox.mkdir("kubelet/race");
-    sandbox.mkdir("kubelet/race/dir");
+    // Block targets are `…/volumeDevices/publish/<pv>/<pod>`: the agent's
+    // swap exchanges two `<pv>` directories.
+    let race = sandbox.mkdir("kubelet/plugins/kubernetes.io/csi/volumeDevices/publish");
+    ebs_csi_tests::make_dir(&race.join("dir"));
     std::os::unix::fs::symlink(&outside, race.join("swap")).unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let swapper = std::thread::spawn({

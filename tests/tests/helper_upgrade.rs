@@ -38,8 +38,8 @@ fn this_agent_is_served_by_the_previous_helper() {
         }
     );
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 64);
-    let staging = sandbox.mkdir("kubelet/staging");
-    let target = sandbox.path().join("kubelet/target");
+    let staging = sandbox.staging(VOLUME);
+    let target = sandbox.target("pod-1", VOLUME);
     let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
     let device = path(&volume.device);
     let volume_id = || VolumeId::parse(VOLUME).unwrap();
@@ -83,7 +83,7 @@ fn this_agent_is_served_by_the_previous_helper() {
     let mut encrypted = stage_request(
         "vol-0aaaaaaaaaaaaaaa2",
         &blank.device,
-        &sandbox.mkdir("kubelet/staging-2"),
+        &sandbox.staging("vol-0bbbbbbbbbbbbbbb2"),
         FsType::Ext4,
         &[],
     );

@@ -35,7 +35,8 @@ impl Node {
     async fn start() -> Self {
         let sandbox = Sandbox::new();
         let helper = Helper::start(&sandbox, &[]);
-        let staging = sandbox.mkdir("kubelet/plugins/kubernetes.io/csi/ebs.csi.aws.com/staging");
+        // kubelet's older staging shape, which holds no volume handle.
+        let staging = sandbox.mkdir("kubelet/plugins/kubernetes.io/csi/pv/pv-1/globalmount");
         let target = sandbox
             .kubelet()
             .join("pods/pod-1/volumes/kubernetes.io~csi/pv-1/mount");
@@ -51,7 +52,15 @@ impl Node {
         let sandbox = Sandbox::new();
         let nomad = NomadClient::new(sandbox.path());
         let plugin_dir = nomad.plugin_dir.clone();
-        let helper = Helper::start(&sandbox, &["--allowed-root", plugin_dir.to_str().unwrap()]);
+        let helper = Helper::start(
+            &sandbox,
+            &[
+                "--allowed-root",
+                plugin_dir.to_str().unwrap(),
+                "--allowed-layout",
+                "nomad",
+            ],
+        );
         let args = [&Agent::NODE_FLAGS[..], &["--device-wait-seconds", "10"]].concat();
         let agent = nomad.start_node_task(sandbox.path(), &helper, &args);
         let usage = "rw-file-system-single-node-writer";
@@ -527,7 +536,7 @@ async fn volume_stats_report_usage_and_condition() {
     );
     let missing = NodeGetVolumeStatsRequest {
         volume_id: volume_id.into(),
-        volume_path: path(&node.sandbox.kubelet().join("nope")),
+        volume_path: path(&node.sandbox.target("pod-nope", "pv-nope")),
         staging_target_path: String::new(),
     };
     assert_eq!(

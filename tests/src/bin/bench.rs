@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ebs_csi_helper::device::{self, IdentityPolicy};
+use ebs_csi_helper::layout::{Layout, Role};
 use ebs_csi_helper::mounts::MountTables;
 use ebs_csi_helper::path::AllowedRoots;
 use ebs_csi_helper_proto::VolumeId;
@@ -127,6 +128,7 @@ async fn stage_latency(scale: Scale) -> (Vec<Row>, Vec<(&'static str, Vec<(Strin
             for expected in [
                 "NodeStageVolume: agent: staging → helper: received",
                 "NodeStageVolume: helper: received → helper: exec blkid",
+                "NodeStageVolume: helper: exited blkid → helper: proved blank",
                 "NodeStageVolume: helper: exec mkfs → helper: exited mkfs",
                 "NodeStageVolume: helper: answered → agent: answered",
                 "NodePublishVolume: helper: received → helper: create mount point",
@@ -177,10 +179,9 @@ fn helper_checks(scale: Scale) -> Vec<Row> {
     const CALLS: usize = 200;
     let sandbox = Sandbox::new();
     let volume = LoopVolume::create(sandbox.path(), &format!("vol-{:017x}", 0xc4ec_u64), scale.volume_mib);
-    let kubelet = sandbox.kubelet();
-    let staging = ebs_csi_tests::make_dir(&kubelet.join("plugins/staging/checks"));
+    let staging = sandbox.staging(&volume.volume_id);
     let staging = staging.to_string_lossy();
-    let roots = AllowedRoots::open(&[kubelet]).expect("allowed roots");
+    let roots = AllowedRoots::open(&[sandbox.kubelet()], Layout::Kubelet).expect("allowed roots");
     let tables = MountTables::open(false).expect("the node's mount table");
     let policy = IdentityPolicy {
         nvme_vendor_id: EBS_VENDOR_ID,
@@ -206,7 +207,14 @@ fn helper_checks(scale: Scale) -> Vec<Row> {
         ),
         (
             "resolving and opening the staging path beneath its root",
-            time(&mut || drop(roots.check(&staging).and_then(|p| p.open()).expect("staging path"))),
+            time(&mut || {
+                drop(
+                    roots
+                        .check(&staging, Role::Staging)
+                        .and_then(|p| p.open())
+                        .expect("staging path"),
+                )
+            }),
         ),
         (
             "proving the device's identity and that the host does not use it",

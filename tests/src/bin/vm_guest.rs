@@ -353,7 +353,9 @@ fn a_disk_whose_partition_is_held_is_in_use() {
         volume_id: volume.to_owned(),
         reason: ebs_csi_helper::device::Refusal::Held.to_string(),
     };
-    let target = PathBuf::from(format!("{KUBELET}/pods/held/dev"));
+    let target = PathBuf::from(format!(
+        "{KUBELET}/plugins/kubernetes.io/csi/volumeDevices/publish/pv-held/held"
+    ));
     let publish = Request::Publish(PublishRequest {
         target_path: target.display().to_string(),
         readonly: false,
@@ -521,8 +523,9 @@ fn wait_for_socket(path: &Path, server: u32) {
     }
 }
 
+/// kubelet's staging path of `volume_id`, made as kubelet makes it.
 fn make_staging(volume_id: &str) -> PathBuf {
-    let path = PathBuf::from(format!("{KUBELET}/plugins/staging/{volume_id}"));
+    let path = ebs_csi_tests::kubelet_staging(Path::new(KUBELET), volume_id);
     std::fs::create_dir_all(&path).unwrap();
     path
 }

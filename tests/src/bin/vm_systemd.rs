@@ -464,10 +464,7 @@ fn mounted_on_host(path: &Path) -> Option<(u32, u32)> {
 /// kubelet's staging and target paths for `volume_id`, their parents made
 /// as kubelet makes them (root, 0750 at each level).
 fn kubelet_paths(volume_id: &str) -> (PathBuf, PathBuf) {
-    let staging = PathBuf::from(format!(
-        "/var/lib/kubelet/plugins/kubernetes.io/csi/ebs.csi.aws.com/{}/globalmount",
-        serial(volume_id)
-    ));
+    let staging = ebs_csi_tests::kubelet_staging(Path::new("/var/lib/kubelet"), volume_id);
     let pv = PathBuf::from(format!(
         "/var/lib/kubelet/pods/{}/volumes/kubernetes.io~csi/pv-{volume_id}",
         serial(volume_id)

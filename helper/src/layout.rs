@@ -1,0 +1,152 @@
+//! The shapes of the staging and target paths an orchestrator gives a CSI
+//! plugin: the helper mounts nowhere else beneath its roots (everything
+//! else there belongs to the orchestrator or to other workloads: another
+//! pod's configMap directory, its `etc-hosts`, `pods/` itself).
+
+/// The CSI driver name kubelet puts in staging paths (the agent's
+/// `ebs_csi_proto::DRIVER_NAME`; the helper links no gRPC code).
+pub const DRIVER_NAME: &str = "ebs.csi.aws.com";
+
+/// Whose paths lie beneath the allowed roots (`--allowed-layout`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Layout {
+    /// kubelet's, beneath its root directory (`/var/lib/kubelet`).
+    #[default]
+    Kubelet,
+    /// Nomad's, beneath the plugin's `stage_publish_base_dir` on the host.
+    Nomad,
+}
+
+/// What a path is for in a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A filesystem volume's staging path (Stage, Unstage, Publish's source).
+    Staging,
+    /// A filesystem volume's target path (Publish of a staged volume).
+    Target,
+    /// A raw block volume's target path (Publish of a device).
+    BlockTarget,
+    /// A target of either kind (Unpublish).
+    AnyTarget,
+    /// A staging or target path (Expand, VolumeStats).
+    Volume,
+}
+
+impl Layout {
+    /// Whether `below`, the components beneath a root, is a path of `role`:
+    /// - kubelet (kubernetes `pkg/volume/csi/`): staging
+    ///   `plugins/kubernetes.io/csi/<driver>/<sha256 hex of the volume
+    ///   handle>/globalmount` (`csi_attacher.go`, `MakeDeviceMountPath`) or,
+    ///   before Kubernetes 1.24, `plugins/kubernetes.io/csi/pv/<pv>/globalmount`;
+    ///   target `pods/<pod uid>/volumes/kubernetes.io~csi/<pv>/mount`
+    ///   (`csi_mounter.go`, `GetPath`); raw block target
+    ///   `plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<pod uid>`
+    ///   (`csi_block.go`, `getPublishPath`);
+    /// - Nomad (`client/pluginmanager/csimanager/volume.go`): staging
+    ///   `staging/<namespace>/<volume>/<usage>` (`stagingDirForVolume`; the
+    ///   namespace came with Nomad 1.5's per-namespace volume ids, before it
+    ///   `staging/<volume>/<usage>`), target of either kind
+    ///   `per-alloc/<alloc>/<volume>/<usage>` (`targetForVolume`).
+    ///
+    /// Components are non-empty and never `.` or `..` (checked before).
+    pub fn accepts(self, role: Role, below: &[&str]) -> bool {
+        let staging = || self.is_staging(below);
+        let target = || self.is_target(below);
+        let block = || self.is_block_target(below);
+        match role {
+            Role::Staging => staging(),
+            Role::Target => target(),
+            Role::BlockTarget => block(),
+            Role::AnyTarget => target() || block(),
+            Role::Volume => staging() || target() || block(),
+        }
+    }
+
+    fn is_staging(self, below: &[&str]) -> bool {
+        match (self, below) {
+            (Self::Kubelet, ["plugins", "kubernetes.io", "csi", "pv", _, "globalmount"]) => true,
+            (Self::Kubelet, ["plugins", "kubernetes.io", "csi", driver, hash, "globalmount"]) => {
+                *driver == DRIVER_NAME && hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit())
+            }
+            (Self::Nomad, ["staging", _, _] | ["staging", _, _, _]) => true,
+            _ => false,
+        }
+    }
+
+    fn is_target(self, below: &[&str]) -> bool {
+        matches!(
+            (self, below),
+            (Self::Kubelet, ["pods", _, "volumes", "kubernetes.io~csi", _, "mount"])
+                | (Self::Nomad, ["per-alloc", _, _, _])
+        )
+    }
+
+    fn is_block_target(self, below: &[&str]) -> bool {
+        matches!(
+            (self, below),
+            (
+                Self::Kubelet,
+                ["plugins", "kubernetes.io", "csi", "volumeDevices", "publish", _, _]
+            ) | (Self::Nomad, ["per-alloc", _, _, _])
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(path: &str) -> Vec<&str> {
+        path.split('/').collect()
+    }
+
+    #[test]
+    fn kubelets_shapes_and_nothing_else() {
+        let hash = "a".repeat(64);
+        let staging = format!("plugins/kubernetes.io/csi/ebs.csi.aws.com/{hash}/globalmount");
+        let kubelet = |role, path: &str| Layout::Kubelet.accepts(role, &parts(path));
+        assert!(kubelet(Role::Staging, &staging));
+        assert!(kubelet(Role::Staging, "plugins/kubernetes.io/csi/pv/pv-1/globalmount"));
+        assert!(kubelet(Role::Target, "pods/uid/volumes/kubernetes.io~csi/pv-1/mount"));
+        assert!(kubelet(
+            Role::BlockTarget,
+            "plugins/kubernetes.io/csi/volumeDevices/publish/pv-1/uid"
+        ));
+        assert!(kubelet(
+            Role::AnyTarget,
+            "pods/uid/volumes/kubernetes.io~csi/pv-1/mount"
+        ));
+        assert!(kubelet(Role::Volume, &staging));
+        for refused in [
+            "pods",
+            "pods/uid/etc-hosts",
+            "pods/uid/volumes/kubernetes.io~configmap/cfg",
+            "pods/uid/volumes/kubernetes.io~csi/pv-1",
+            "pods/uid/volumes/kubernetes.io~csi/pv-1/mount/x",
+            "plugins/kubernetes.io/csi/efs.csi.aws.com/{hash}/globalmount",
+            "plugins/kubernetes.io/csi/ebs.csi.aws.com/short/globalmount",
+            "plugins/ebs.csi.aws.com/staging",
+            "pki/x",
+        ] {
+            let path = refused.replace("{hash}", &hash);
+            assert!(!kubelet(Role::Volume, &path), "{path}");
+        }
+        assert!(!kubelet(Role::Target, &staging), "a staging path is no target");
+        assert!(!kubelet(Role::Staging, "pods/uid/volumes/kubernetes.io~csi/pv-1/mount"));
+        assert!(!Layout::Kubelet.accepts(Role::Staging, &parts("staging/vol/rw-file-system")));
+    }
+
+    #[test]
+    fn nomads_shapes_and_nothing_else() {
+        let nomad = |role, path: &str| Layout::Nomad.accepts(role, &parts(path));
+        let usage = "rw-file-system-single-node-writer";
+        assert!(nomad(Role::Staging, &format!("staging/vol-a/{usage}")));
+        assert!(nomad(Role::Staging, &format!("staging/default/vol-a/{usage}")));
+        assert!(nomad(Role::Target, &format!("per-alloc/alloc-1/vol-a/{usage}")));
+        assert!(nomad(Role::BlockTarget, &format!("per-alloc/alloc-1/vol-a/{usage}")));
+        assert!(!nomad(Role::Target, &format!("staging/vol-a/{usage}")));
+        assert!(!nomad(Role::Staging, "staging/vol-a"));
+        assert!(!nomad(Role::Volume, "per-alloc/alloc-1/vol-a"));
+        assert!(!nomad(Role::Volume, "pods/uid/volumes/kubernetes.io~csi/pv-1/mount"));
+    }
+}
