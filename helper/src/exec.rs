@@ -7,9 +7,11 @@
 //! [`DEVICE_ARG`]: a tool never resolves a name the agent sent. Right
 //! before the exec the device is verified again
 //! ([`VerifiedDevice::reverify`]). Each tool runs with only the capability
-//! it needs ([`Tool::capabilities`]: none for blkid and mkfs.ext*) and the
-//! policy's `tools` seccomp denylist, in its own process group, with a time
-//! limit; on expiry the whole group is killed.
+//! it needs ([`Tool::capabilities`]: none for blkid and mkfs.ext*), a
+//! Landlock ruleset that lets it open only the system's files and the
+//! object it acts on ([`crate::confine`]) and the policy's `tools` seccomp
+//! denylist, in its own process group, with a time limit; on expiry the
+//! whole group is killed.
 //!
 //! Tools run from executor threads, started before the seccomp filter is
 //! installed on the serving threads, so the filter binds the helper and
@@ -17,7 +19,7 @@
 //! runs at once.
 
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -30,6 +32,7 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::process::{Pid, PidfdFlags, Signal};
 use seccompiler::BpfProgram;
 
+use crate::confine;
 use crate::device::VerifiedDevice;
 use crate::error::system;
 use crate::harden;
@@ -240,10 +243,16 @@ fn execute(job: &Job, timeout: Duration, held: u64, tool_filter: &Arc<BpfProgram
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    let mount_root = (job.tool == Tool::XfsGrowfs).then(|| job.fd3.as_fd());
+    let ruleset = confine::abi()
+        .map(|abi| confine::ruleset(job.tool, job.device.fd(), mount_root, abi))
+        .transpose()
+        .map_err(|e| system(format!("confining {}", job.path), e))?;
     sys::set_up_tool_child(
         &mut command,
         job.fd3.as_raw_fd(),
         job.tool.capabilities() & held,
+        ruleset.as_ref().map(AsRawFd::as_raw_fd),
         Arc::clone(tool_filter),
     );
     let starting = |e| system(format!("starting {}", job.path), e);

@@ -6,10 +6,10 @@
 //! again (resize2fs scans `/proc/mounts` and opens the mount point by
 //! name, which an agent could redirect: the re-audit's N4), and no tool
 //! parses an image someone else wrote. XFS grows by `xfs_growfs`, which
-//! gets that mount root as its fd 3; at Stage it runs only when the
-//! superblock the helper reads itself says the filesystem is smaller than
-//! its device (the re-audit's N3: a restored or foreign image is not fed to
-//! a tool without need).
+//! gets that mount root as its fd 3. Either grows only when the superblock
+//! the helper reads itself says the filesystem is smaller than its device
+//! (XFS at every Expand: the re-audit's N3 is about images a Stage meets,
+//! which are not fed to a tool without need).
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

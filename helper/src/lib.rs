@@ -9,6 +9,7 @@
 //! unprivileged agent uses too; nothing here is linked into the agent.
 
 pub mod claim;
+pub mod confine;
 pub mod device;
 mod error;
 pub mod exec;

@@ -1,4 +1,4 @@
-//! Every `unsafe` block of the helper: `BLKGETDISKSEQ`, `EXT4_IOC_RESIZE_FS`, the peer's
+//! Every `unsafe` block of the helper: `BLKGETDISKSEQ`, `EXT4_IOC_RESIZE_FS`, Landlock, the peer's
 //! credentials, closing inherited descriptors and clearing the environment
 //! at start, and setting up a tool's descriptors and capabilities in the
 //! child before it execs. (The
@@ -7,7 +7,7 @@
 #![allow(unsafe_code)]
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::sync::Arc;
@@ -41,6 +41,91 @@ pub(crate) fn ext4_resize_fs(dir: BorrowedFd<'_>, blocks: u64) -> io::Result<()>
     // SAFETY: EXT4_IOC_RESIZE_FS reads one u64, which Setter passes by
     // pointer for the call.
     unsafe { ioctl(dir, Setter::<EXT4_IOC_RESIZE_FS, u64>::new(blocks)) }.map_err(io::Error::from)
+}
+
+/// `struct landlock_ruleset_attr` (include/uapi/linux/landlock.h). Kernels
+/// that know fewer fields accept it as long as those they do not know are
+/// zero (`copy_struct_from_user`).
+#[repr(C)]
+struct LandlockRulesetAttr {
+    handled_access_fs: u64,
+    handled_access_net: u64,
+    scoped: u64,
+}
+
+/// `struct landlock_path_beneath_attr`, packed as the kernel declares it.
+#[repr(C, packed)]
+struct LandlockPathBeneathAttr {
+    allowed_access: u64,
+    parent_fd: i32,
+}
+
+/// `LANDLOCK_CREATE_RULESET_VERSION`.
+const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
+/// `LANDLOCK_RULE_PATH_BENEATH`.
+const LANDLOCK_RULE_PATH_BENEATH: u32 = 1;
+
+/// The kernel's Landlock ABI version; `None` without Landlock
+/// (`EOPNOTSUPP`, `ENOSYS`).
+pub(crate) fn landlock_abi() -> Option<u32> {
+    // SAFETY: with a null attribute and size 0 the call reads no memory.
+    let version = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<LandlockRulesetAttr>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    u32::try_from(version).ok()
+}
+
+/// A new Landlock ruleset handling the filesystem rights `handled`.
+pub(crate) fn landlock_create_ruleset(handled: u64) -> io::Result<OwnedFd> {
+    let attr = LandlockRulesetAttr {
+        handled_access_fs: handled,
+        handled_access_net: 0,
+        scoped: 0,
+    };
+    // SAFETY: the kernel reads `size_of(attr)` bytes of `attr`, alive for
+    // the call, and returns a new descriptor that nothing else owns.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            &raw const attr,
+            std::mem::size_of::<LandlockRulesetAttr>(),
+            0u32,
+        )
+    };
+    let fd = RawFd::try_from(fd).map_err(|_| io::Error::last_os_error())?;
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor the kernel just returned to this call.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Allows `access` on the file or directory tree `beneath` in `ruleset`.
+pub(crate) fn landlock_allow(ruleset: BorrowedFd<'_>, beneath: BorrowedFd<'_>, access: u64) -> io::Result<()> {
+    let attr = LandlockPathBeneathAttr {
+        allowed_access: access,
+        parent_fd: beneath.as_raw_fd(),
+    };
+    // SAFETY: the kernel reads the packed attribute, alive for the call.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset.as_raw_fd(),
+            LANDLOCK_RULE_PATH_BENEATH,
+            &raw const attr,
+            0u32,
+        )
+    };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// A socket peer's credentials as `SO_PEERCRED` reports them (unix(7)).
@@ -173,12 +258,20 @@ fn capset(mask: u64) -> io::Result<()> {
 /// close-on-exec), every other descriptor beyond stdio is closed, and its
 /// capabilities become `capabilities` (a mask of capability bits; with
 /// `no_new_privs` the exec cannot add any, so a tool runs with exactly
-/// these), and it installs the seccomp `filter`, which the exec keeps.
-pub(crate) fn set_up_tool_child(command: &mut Command, fd: RawFd, capabilities: u64, filter: Arc<BpfProgram>) {
+/// these), it enforces the Landlock `ruleset` (when the kernel has
+/// Landlock) and installs the seccomp `filter`; the exec keeps both.
+pub(crate) fn set_up_tool_child(
+    command: &mut Command,
+    fd: RawFd,
+    capabilities: u64,
+    ruleset: Option<RawFd>,
+    filter: Arc<BpfProgram>,
+) {
     let helper = rustix::process::getpid().as_raw_nonzero().get();
     // SAFETY: the closure runs in the child between fork and exec, where
     // only async-signal-safe calls are allowed; it makes raw syscalls
-    // (prctl, getppid, fcntl, dup2, capset, seccomp, close_range) on
+    // (prctl, getppid, fcntl, dup2, capset, landlock_restrict_self,
+    // seccomp, close_range) on
     // integers, stack values and the filter compiled before the fork, and
     // allocates nothing. The parent keeps `fd` open until
     // the child has exited.
@@ -202,6 +295,11 @@ pub(crate) fn set_up_tool_child(command: &mut Command, fd: RawFd, capabilities: 
                 return Err(io::Error::last_os_error());
             }
             capset(capabilities)?;
+            if let Some(ruleset) = ruleset
+                && libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
             // The filter was compiled before the fork; installing it makes
             // two system calls and allocates nothing.
             seccompiler::apply_filter(&filter).map_err(|_| io::Error::from_raw_os_error(libc::EPERM))?;

@@ -417,3 +417,65 @@ fn no_tool_grows_a_filesystem_that_fills_its_device() {
         );
     }
 }
+
+/// N3 (E6): a tool runs as uid 0, and a capability-less uid 0 may still
+/// write root-owned files and open root-owned disks. A stand-in for a
+/// `blkid` taken over by a hostile image (bind-mounted over the real one in
+/// a mount namespace of the helper's own; nothing outside changes) tries
+/// to open `/etc/passwd` for writing and another disk read-write, and reads
+/// its own volume: under the tool's Landlock ruleset only the last works.
+/// The Stage fails with the stand-in's report, and nothing is formatted.
+#[test]
+fn a_tool_opens_nothing_but_the_system_files_and_its_volume() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let volume = LoopVolume::create(sandbox.path(), "vol-0e6e6e6e6e6e6e6e6", 64);
+    let other = LoopVolume::create(sandbox.path(), "vol-0e6e6e6e6e6e6e6e7", 64);
+    let fake = sandbox.path().join("fake-blkid");
+    let report = |what: &str, open: &str| {
+        format!("if ({open}) 2>/dev/null; then r=\"$r {what}:opened\"; else r=\"$r {what}:denied\"; fi\n")
+    };
+    let script = [
+        "#!/bin/sh\nr=\"\"\n".to_owned(),
+        report("passwd", ": >> /etc/passwd"),
+        report("other-disk", &format!("exec 4<> {}", other.device.display())),
+        report("own-volume", "exec 4< /proc/self/fd/3"),
+        "echo \"$r\" >&2\nexit 4\n".to_owned(),
+    ]
+    .concat();
+    std::fs::write(&fake, script).unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let socket = sandbox.path().join("helper/helper.sock");
+    let mut command = Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount --bind \"$1\" /usr/sbin/blkid && shift && exec \"$@\"")
+        .args(["sh", &fake.to_string_lossy()])
+        .arg(binary("ebs-csi-helper"))
+        .args(Helper::args(sandbox.path(), &socket));
+    let helper = Helper {
+        process: spawn("helper", command, sandbox.path().join("helper.log"), &socket),
+        socket,
+    };
+    let staging = sandbox.staging(&volume.volume_id);
+    let answer = helper.call(stage_request(
+        &volume.volume_id,
+        &volume.device,
+        &staging,
+        FsType::Ext4,
+        &[],
+    ));
+    let expected = HelperError::ToolFailed {
+        tool: "/usr/sbin/blkid".into(),
+        detail: "exit status: 4: passwd:denied other-disk:denied own-volume:opened".into(),
+    };
+    assert!(
+        matches!(&answer, Err(ClientError::Helper(e)) if *e == expected),
+        "{answer:?}"
+    );
+    assert!(!is_mounted(&staging));
+    assert_eq!((volume.signature(), other.signature()), (String::new(), String::new()));
+    assert!(helper.process.log().contains("tools confined by Landlock"));
+}
