@@ -159,7 +159,12 @@ impl Executor {
                     // while taking the next job, not while running it.
                     let next = queue.lock().unwrap_or_else(PoisonError::into_inner).recv();
                     let Ok(job) = next else { break };
-                    let _ = job.reply.send(execute(&job, timeout, held, &filter));
+                    let result = execute(&job, timeout, held, &filter);
+                    // Closed before the answer: fd 3 may be a mount's root
+                    // (xfs_growfs), and the caller may unmount next.
+                    let Job { fd3, reply, .. } = job;
+                    drop(fd3);
+                    let _ = reply.send(result);
                 }
             })?;
         }

@@ -433,7 +433,6 @@ fn a_tool_opens_nothing_but_the_system_files_and_its_volume() {
     let sandbox = Sandbox::new();
     let volume = LoopVolume::create(sandbox.path(), "vol-0e6e6e6e6e6e6e6e6", 64);
     let other = LoopVolume::create(sandbox.path(), "vol-0e6e6e6e6e6e6e6e7", 64);
-    let fake = sandbox.path().join("fake-blkid");
     let report = |what: &str, open: &str| {
         format!("if ({open}) 2>/dev/null; then r=\"$r {what}:opened\"; else r=\"$r {what}:denied\"; fi\n")
     };
@@ -445,20 +444,7 @@ fn a_tool_opens_nothing_but_the_system_files_and_its_volume() {
         "echo \"$r\" >&2\nexit 4\n".to_owned(),
     ]
     .concat();
-    std::fs::write(&fake, script).unwrap();
-    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let socket = sandbox.path().join("helper/helper.sock");
-    let mut command = Command::new("unshare");
-    command
-        .args(["--mount", "--propagation", "private", "sh", "-c"])
-        .arg("mount --bind \"$1\" /usr/sbin/blkid && shift && exec \"$@\"")
-        .args(["sh", &fake.to_string_lossy()])
-        .arg(binary("ebs-csi-helper"))
-        .args(Helper::args(sandbox.path(), &socket));
-    let helper = Helper {
-        process: spawn("helper", command, sandbox.path().join("helper.log"), &socket),
-        socket,
-    };
+    let helper = helper_with_blkid(&sandbox, &script);
     let staging = sandbox.staging(&volume.volume_id);
     let answer = helper.call(stage_request(
         &volume.volume_id,
@@ -478,4 +464,80 @@ fn a_tool_opens_nothing_but_the_system_files_and_its_volume() {
     assert!(!is_mounted(&staging));
     assert_eq!((volume.signature(), other.signature()), (String::new(), String::new()));
     assert!(helper.process.log().contains("tools confined by Landlock"));
+}
+
+/// The real helper, in a mount namespace of its own where `script` is
+/// bind-mounted over `/usr/sbin/blkid` (nothing outside changes): the
+/// stand-in for a tool a hostile image took over.
+fn helper_with_blkid(sandbox: &Sandbox, script: &str) -> Helper {
+    let fake = sandbox.path().join("fake-blkid");
+    std::fs::write(&fake, script).unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let socket = sandbox.path().join("helper/helper.sock");
+    let mut command = Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount --bind \"$1\" /usr/sbin/blkid && shift && exec \"$@\"")
+        .args(["sh", &fake.to_string_lossy()])
+        .arg(binary("ebs-csi-helper"))
+        .args(Helper::args(sandbox.path(), &socket));
+    Helper {
+        process: spawn("helper", command, sandbox.path().join("helper.log"), &socket),
+        socket,
+    }
+}
+
+/// F7 residual (N7): after a tool exits, the executor read its output to
+/// the end, so a process the tool left behind holding the pipe open held
+/// the one `tools` executor, and with it every later Stage and Expand. A
+/// stand-in `blkid` leaves such a process (120 s) and exits 4: the Stage
+/// is answered while that process still runs, and the next request too.
+#[test]
+fn a_process_a_tool_leaves_behind_cannot_hold_the_helper() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let marker = sandbox.path().join("left-behind");
+    let script = format!("#!/bin/bash\nexec -a {} sleep 120 >&2 &\nexit 4\n", marker.display());
+    let helper = helper_with_blkid(&sandbox, &script);
+    let volume = LoopVolume::create(sandbox.path(), "vol-0e7e7e7e7e7e7e7e7", 64);
+    let staging = sandbox.staging(&volume.volume_id);
+    let stage = stage_request(&volume.volume_id, &volume.device, &staging, FsType::Ext4, &[]);
+    let left_behind = || {
+        let pgrep = Command::new("pgrep")
+            .args(["-f", &marker.to_string_lossy()])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&pgrep.stdout)
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    for _ in 0..2 {
+        let answer = helper.call(stage.clone());
+        let expected = HelperError::ToolFailed {
+            tool: "/usr/sbin/blkid".into(),
+            detail: "exit status: 4: ".into(),
+        };
+        assert!(
+            matches!(&answer, Err(ClientError::Helper(e)) if *e == expected),
+            "{answer:?}"
+        );
+        assert!(
+            !left_behind().is_empty(),
+            "answered only after the process left behind ended"
+        );
+    }
+    assert!(
+        helper
+            .process
+            .log()
+            .contains("a process the tool left behind holds its output open"),
+        "{}",
+        helper.process.log()
+    );
+    for pid in left_behind() {
+        let _ = Command::new("kill").arg(pid).status();
+    }
 }
