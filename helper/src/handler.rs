@@ -117,9 +117,9 @@ impl Handler {
     /// format, verifies the `formatted` device again), accepts an identical
     /// existing mount, refuses a device in use as a raw block volume,
     /// probes (unless just formatted), and mounts a filesystem of the
-    /// requested type from the verified fd, checking afterwards that the
-    /// staging path now holds exactly that device. Returns the device when
-    /// it is blank (never when `formatted`).
+    /// requested type, checked to be that device before it is attached onto
+    /// the staging directory's fd; grows an existing one. Returns the device
+    /// when it is blank (never when `formatted`).
     fn stage_checked(
         &self,
         r: &StageRequest,
@@ -162,20 +162,19 @@ impl Handler {
                 });
             }
         }
-        mount::mount_filesystem(&device, &fd, r.fs_type, options)?;
-        drop(fd);
-        let mounted = open_existing(&staging, FileType::Directory)
-            .ok()
-            .filter(|(_, node)| node.is_mount_root && node.dev == device.number)
-            .filter(|_| device.reverify().is_ok());
-        let Some((root, _)) = mounted else {
-            mount::unmount(&staging.open_parent(false)?, staging.name())?;
+        // The kernel mounts what `/dev/<name>` names when it mounts: that
+        // must still be the verified device, checked on the new mount
+        // before it is attached anywhere (dropped, it leaves nothing).
+        let mount = mount::mount_filesystem(&device, r.fs_type, options)?;
+        if mount.node()?.dev != device.number || device.reverify().is_err() {
             return Err(device.refusal(Refusal::Changed));
-        };
+        }
+        let root = mount.attach(&fd)?;
+        drop(fd);
         if !just_formatted {
             // A filesystem smaller than its device (a snapshot restored, or a
             // volume cloned, into a larger one) is grown, as the Go driver does
-            // at NodeStage, on the mount root just checked. On failure the
+            // at NodeStage, on the attached mount's root. On failure the
             // mount is undone, so that a retried Stage grows it again.
             if let Err(e) = self.grow(r.fs_type, &device, &root, false) {
                 drop(root);
@@ -281,17 +280,27 @@ impl Handler {
                 });
             }
             refuse_if_not_empty(&target, &existing)?;
-            bind_checked(&source, &parent, &target, flags, same_source)
+            bind_checked(&source, existing, &parent, &target, flags, same_source)
         } else {
             create_target(&parent, &target, want_type)?;
-            bind_checked(&source, &parent, &target, flags, same_source).inspect_err(|_| {
-                let flags = if want_type == FileType::Directory {
-                    AtFlags::REMOVEDIR
-                } else {
-                    AtFlags::empty()
-                };
-                let _ = rustix::fs::unlinkat(&parent, target.name(), flags);
-            })
+            open_target(&parent, &target)
+                .and_then(|created| created.ok_or_else(|| system("opening the new target", "vanished")))
+                .and_then(|created| {
+                    if mount::inspect(&created)?.file_type == want_type {
+                        Ok(created)
+                    } else {
+                        Err(system("opening the new target", "replaced during the request"))
+                    }
+                })
+                .and_then(|created| bind_checked(&source, created, &parent, &target, flags, same_source))
+                .inspect_err(|_| {
+                    let flags = if want_type == FileType::Directory {
+                        AtFlags::REMOVEDIR
+                    } else {
+                        AtFlags::empty()
+                    };
+                    let _ = rustix::fs::unlinkat(&parent, target.name(), flags);
+                })
         }
     }
 
@@ -506,33 +515,28 @@ fn refuse_foreign_mount(
     }
 }
 
-/// Bind-mounts `source` onto the existing target, checks that the new
-/// mount is the source, and applies `flags`; on any failure after the bind
-/// it unmounts again.
+/// Bind-mounts `source` onto `target_fd`, the target the helper opened:
+/// the new mount is checked to be the source before it is attached, then
+/// given `flags`; if that fails it is unmounted again.
 fn bind_checked(
     source: &OwnedFd,
+    target_fd: OwnedFd,
     parent: &OwnedFd,
     target: &SafePath<'_>,
     flags: MountFlags,
     same_source: impl Fn(&Node) -> bool,
 ) -> Result<Reply, HelperError> {
-    let fd = open_target(parent, target)?.ok_or_else(|| system("opening the new target", "vanished"))?;
-    mount::bind(source, &fd)?;
-    drop(fd);
-    let checked = open_target(parent, target)?
-        .ok_or_else(|| system("opening the mounted target", "vanished"))
-        .and_then(|mounted| {
-            let node = mount::inspect(&mounted)?;
-            if node.is_mount_root && same_source(&node) {
-                mount::remount_bind(&mounted, flags)
-            } else {
-                Err(system(
-                    "checking the new bind mount",
-                    "the target changed during the request",
-                ))
-            }
-        });
-    if let Err(e) = checked {
+    let mount = mount::bind(source)?;
+    if !same_source(&mount.node()?) {
+        return Err(system(
+            "checking the new bind mount",
+            "the source changed during the request",
+        ));
+    }
+    let root = mount.attach(&target_fd)?;
+    drop(target_fd);
+    if let Err(e) = mount::remount_bind(&root, flags) {
+        drop(root);
         mount::unmount(parent, target.name())?;
         return Err(e);
     }

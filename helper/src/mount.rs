@@ -1,12 +1,13 @@
 //! The mount-table changes the helper makes, each on an fd the helper
 //! resolved itself (`/proc/self/fd/N`), never on a path the agent sent.
 
-use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use ebs_csi_helper_proto::{FsType, HelperError};
 use rustix::fs::{AtFlags, FileType, StatxAttributes, StatxFlags};
-use rustix::mount::{MountFlags, UnmountFlags};
+use rustix::mount::{
+    FsMountFlags, FsOpenFlags, MountAttrFlags, MountFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags,
+};
 
 use crate::device::VerifiedDevice;
 use crate::error::system;
@@ -64,23 +65,50 @@ pub fn inspect(fd: &OwnedFd) -> Result<Node, HelperError> {
 /// `errors=continue` (the only other one allowed, see [`crate::options`]).
 pub const EXT_ERRORS_DEFAULT: &str = "errors=remount-ro";
 
-/// Mounts the filesystem on `device` at the directory `target` with
-/// `mount(2)`. The source is the kernel's name for the device
-/// ([`VerifiedDevice::path`], see [`crate::device`] for why not the fd),
-/// verified again right before the call; the caller checks the new mount
-/// right after. Always `nosuid,nodev`; XFS always `nouuid`, so a copy
+/// A mount made with the new mount API (`fsmount(2)`, `open_tree(2)`) and
+/// not attached anywhere yet: it is checked through its own fd, then
+/// attached onto the fd of the directory or file the helper resolved
+/// (`move_mount(2)`), never onto a name; dropped unattached, it is gone
+/// without a trace.
+#[derive(Debug)]
+pub struct Detached(OwnedFd);
+
+impl Detached {
+    /// What the new mount's root is: the device it mounts, its type.
+    ///
+    /// # Errors
+    /// As [`inspect`].
+    pub fn node(&self) -> Result<Node, HelperError> {
+        inspect(&self.0)
+    }
+
+    /// Attaches the mount onto `target`, the fd of the directory (or file,
+    /// for a device node) the helper resolved, and returns the fd of the
+    /// attached mount's root.
+    ///
+    /// # Errors
+    /// [`HelperError::System`] when `move_mount(2)` fails.
+    pub fn attach(self, target: &OwnedFd) -> Result<OwnedFd, HelperError> {
+        tracing::info!(mount = %fd_path(&self.0), target = %fd_path(target), "attach mount");
+        let flags = MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH;
+        rustix::mount::move_mount(&self.0, "", target, "", flags).map_err(|e| system("attaching the mount", e))?;
+        Ok(self.0)
+    }
+}
+
+/// Makes a detached mount of the filesystem on `device` (`fsopen(2)`,
+/// `fsconfig(2)`, `fsmount(2)`). The source is the kernel's name for the
+/// device ([`VerifiedDevice::path`], see [`crate::device`] for why not the
+/// fd), verified again right before; the caller checks the mount before
+/// attaching it. Always `nosuid,nodev`; XFS always `nouuid`, so a copy
 /// restored from a snapshot mounts beside its source; ext2/3/4
 /// [`EXT_ERRORS_DEFAULT`] unless the request gives `errors=`.
 ///
 /// # Errors
 /// [`HelperError::DeviceRefused`] when the device changed,
-/// [`HelperError::System`] when `mount(2)` fails.
-pub fn mount_filesystem(
-    device: &VerifiedDevice,
-    target: &OwnedFd,
-    fs: FsType,
-    options: &MountOptions,
-) -> Result<(), HelperError> {
+/// [`HelperError::System`] when a call of the mount API fails (the
+/// filesystem's own message is in the kernel log).
+pub fn mount_filesystem(device: &VerifiedDevice, fs: FsType, options: &MountOptions) -> Result<Detached, HelperError> {
     let mut data = options.data.clone();
     if fs == FsType::Xfs && !data.iter().any(|o| o == "nouuid") {
         data.push("nouuid".to_owned());
@@ -98,19 +126,59 @@ pub fn mount_filesystem(
         tracing::info!("SELinux is not enabled: the context= option is left out");
         data.retain(|o| !o.starts_with("context="));
     }
-    let data = CString::new(data.join(",")).map_err(|e| system("mount data", e))?;
     let flags = options.flags | MountFlags::NOSUID | MountFlags::NODEV;
     let source = device.path();
     device.reverify()?;
-    tracing::info!(device = ?source, target = %fd_path(target), fs_type = fs.name(), ?flags, ?data, "mount");
-    rustix::mount::mount(
-        source.as_str(),
-        fd_path(target).as_str(),
-        fs.name(),
-        flags,
-        Some(data.as_c_str()),
-    )
-    .map_err(|e| system(format!("mounting {source}"), e))
+    tracing::info!(device = ?source, fs_type = fs.name(), ?flags, ?data, "mount");
+    let error = |e| system(format!("mounting {source}"), e);
+    let context = rustix::mount::fsopen(fs.name(), FsOpenFlags::FSOPEN_CLOEXEC).map_err(error)?;
+    rustix::mount::fsconfig_set_string(&context, "source", source.as_str()).map_err(error)?;
+    for option in &data {
+        match option.split_once('=') {
+            // A value in double quotes (an SELinux level with commas) is
+            // one string to fsconfig, without them.
+            Some((key, value)) => rustix::mount::fsconfig_set_string(&context, key, value.trim_matches('"')),
+            None => rustix::mount::fsconfig_set_flag(&context, option.as_str()),
+        }
+        .map_err(error)?;
+    }
+    for (flag, key) in SUPERBLOCK_FLAGS {
+        if flags.contains(flag) {
+            rustix::mount::fsconfig_set_flag(&context, key).map_err(error)?;
+        }
+    }
+    rustix::mount::fsconfig_create(&context).map_err(error)?;
+    let mount =
+        rustix::mount::fsmount(&context, FsMountFlags::FSMOUNT_CLOEXEC, mount_attributes(flags)).map_err(error)?;
+    Ok(Detached(mount))
+}
+
+/// The `mount(2)` flags that belong to the filesystem (its superblock),
+/// and their `fsconfig(2)` keys.
+const SUPERBLOCK_FLAGS: [(MountFlags, &str); 4] = [
+    (MountFlags::RDONLY, "ro"),
+    (MountFlags::SYNCHRONOUS, "sync"),
+    (MountFlags::DIRSYNC, "dirsync"),
+    (MountFlags::LAZYTIME, "lazytime"),
+];
+
+/// The `mount(2)` flags that belong to the mount, as `fsmount(2)`
+/// attributes (`MOUNT_ATTR_*`; relatime is the default, 0).
+fn mount_attributes(flags: MountFlags) -> MountAttrFlags {
+    [
+        (MountFlags::RDONLY, MountAttrFlags::MOUNT_ATTR_RDONLY),
+        (MountFlags::NOSUID, MountAttrFlags::MOUNT_ATTR_NOSUID),
+        (MountFlags::NODEV, MountAttrFlags::MOUNT_ATTR_NODEV),
+        (MountFlags::NOEXEC, MountAttrFlags::MOUNT_ATTR_NOEXEC),
+        (MountFlags::NOATIME, MountAttrFlags::MOUNT_ATTR_NOATIME),
+        (MountFlags::STRICTATIME, MountAttrFlags::MOUNT_ATTR_STRICTATIME),
+        (MountFlags::NODIRATIME, MountAttrFlags::MOUNT_ATTR_NODIRATIME),
+    ]
+    .into_iter()
+    .filter(|(flag, _)| flags.contains(*flag))
+    .fold(MountAttrFlags::empty(), |attributes, (_, attribute)| {
+        attributes | attribute
+    })
 }
 
 /// Whether SELinux is enabled: its filesystem is mounted (libselinux's
@@ -119,14 +187,18 @@ fn selinux_enabled() -> bool {
     std::path::Path::new("/sys/fs/selinux/enforce").exists()
 }
 
-/// Bind-mounts `source` onto `target` (`MS_BIND`, not recursive).
+/// A detached bind mount of `source` (`open_tree(2)` with
+/// `OPEN_TREE_CLONE`, not recursive): the staged filesystem's root, or a
+/// device node.
 ///
 /// # Errors
-/// [`HelperError::System`] when `mount(2)` fails.
-pub fn bind(source: &impl AsFd, target: &OwnedFd) -> Result<(), HelperError> {
-    let source = fd_path(&source.as_fd().as_raw_fd());
-    tracing::info!(%source, target = %fd_path(target), "bind mount");
-    rustix::mount::mount_bind(source.as_str(), fd_path(target).as_str()).map_err(|e| system("bind mount", e))
+/// [`HelperError::System`] when `open_tree(2)` fails.
+pub fn bind(source: &impl AsFd) -> Result<Detached, HelperError> {
+    tracing::info!(source = %fd_path(&source.as_fd().as_raw_fd()), "bind mount");
+    let flags = OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_EMPTY_PATH;
+    rustix::mount::open_tree(source, "", flags)
+        .map(Detached)
+        .map_err(|e| system("bind mount", e))
 }
 
 /// Applies per-mount `flags` to the bind mount whose root is `mount_root`
