@@ -144,7 +144,7 @@ impl Handler {
                 Err(already_mounted(&staging, &node))
             };
         }
-        refuse_if_not_empty(&staging, &fd)?;
+        refuse_if_not_empty(&staging, &fd, node.file_type)?;
         device::refuse_if_published_raw(&device, &mounts)?;
         let contents = if just_formatted {
             Contents::Filesystem(r.fs_type.name().to_owned())
@@ -279,7 +279,7 @@ impl Handler {
                     reason: format!("exists and is not a {want_type:?}"),
                 });
             }
-            refuse_if_not_empty(&target, &existing)?;
+            refuse_if_not_empty(&target, &existing, node.file_type)?;
             bind_checked(&source, existing, &parent, &target, flags, same_source)
         } else {
             create_target(&parent, &target, want_type)?;
@@ -550,12 +550,12 @@ fn bind_checked(
 pub const NOT_EMPTY: &str = "holds files; only an empty directory or an empty file is mounted over";
 
 /// Refuses a directory with any entry, or a file with any byte, at `path`
-/// (`fd`, an `O_PATH` fd of it): a mount over it would hide or replace
-/// what is there.
-fn refuse_if_not_empty(path: &SafePath<'_>, fd: &OwnedFd) -> Result<(), HelperError> {
+/// (`fd`, an `O_PATH` fd of it, of `file_type` as the caller's `statx`
+/// found): a mount over it would hide or replace what is there.
+fn refuse_if_not_empty(path: &SafePath<'_>, fd: &OwnedFd, file_type: FileType) -> Result<(), HelperError> {
     let error = |e| system(format!("listing {}", path.as_str()), e);
     let mut holds_something = false;
-    if mount::inspect(fd)?.file_type == FileType::Directory {
+    if file_type == FileType::Directory {
         let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
         let dir = rustix::fs::openat(fd, ".", flags, Mode::empty()).map_err(error)?;
         for entry in rustix::fs::Dir::read_from(&dir).map_err(error)? {
