@@ -1,10 +1,11 @@
 """moto's EC2 server with what moto lacks: CopyVolumes, and EC2's answers
 to the situations the controller must survive, each as EC2 gives it.
 
-Usage: serve.py PORT
+Usage: serve.py PORT [--seed N] [--lag S] [--create S] [--attach S] [--detach S]
 
 Everything is moto (moto[server], PyPI) behind one WSGI middleware, served
-by werkzeug as moto_server serves it. The middleware:
+by werkzeug as moto_server serves it, with EC2's timing and consistency
+(below) put into moto's EBS backend. The middleware:
 
 - answers CopyVolumes (EC2 API Reference, CopyVolumes) by creating the copy
   in moto's EC2 backend in the source's zone with its encryption, tagging it,
@@ -28,10 +29,38 @@ by werkzeug as moto_server serves it. The middleware:
   calls of its action (all actions for `throttle`), from FAULTS below;
   GET /_faults/<name> answers how many are left to fire.
 
+- makes CreateVolume idempotent by its ClientToken, as EC2 does (EC2 API
+  Reference, CreateVolume, ClientToken; "Ensuring idempotency"): a repeat
+  with the same parameters answers the volume the first call made, one
+  with other parameters IdempotentParameterMismatch (moto ignores tokens).
+
 EC2 error responses have the shape of the EC2 API Reference, "Error
 responses": <Response><Errors><Error><Code/><Message/></Error></Errors>
 <RequestID/></Response>.
+
+Timing and consistency, on by default (moto changes state at once and is
+always consistent; DESIGN.md §10), each time a nominal one (the options,
+in seconds) times a factor drawn from 0.5-1.5 by a generator seeded with
+--seed, printed at start:
+
+- CreateVolume and CopyVolumes answer the volume `creating` (EC2 API
+  Reference, CreateVolume, example response), `available` after --create;
+- the EC2 API is eventually consistent (Amazon EC2 Developer Guide,
+  "Eventual consistency in the Amazon EC2 API"): a new volume or snapshot
+  stays out of Describe calls for --lag (asked by id, EC2 answers
+  InvalidVolume.NotFound / InvalidSnapshot.NotFound; a filter leaves it
+  out), and other calls naming it answer NotFound the same while; a
+  deleted volume is still described, `deleting`, for --lag;
+- AttachVolume answers `attaching` (EC2 API Reference, AttachVolume); the
+  attachment is `attaching` for --attach, then `attached`; DetachVolume
+  answers `detaching`, and the attachment stays, `detaching`, for
+  --detach (EC2 API Reference, DetachVolume; VolumeAttachment states).
+
+--lag 0 --create 0 --attach 0 --detach 0 is moto's own behaviour.
 """
+
+import argparse
+import random
 
 import datetime
 import io
@@ -43,7 +72,10 @@ import uuid
 from urllib.parse import parse_qs
 
 from moto.core import DEFAULT_ACCOUNT_ID
+from moto.ec2.exceptions import EC2ClientError, InvalidSnapshotIdError, InvalidVolumeIdError, VolumeInUseError
 from moto.ec2.models import ec2_backends
+from moto.ec2.models.elastic_block_store import EBSBackend, Volume
+from moto.ec2.utils import generic_filter
 from moto.moto_api import recorder
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import run_simple
@@ -115,6 +147,180 @@ initializing = {}
 lock = threading.Lock()
 
 
+class Timeline:
+    """When each volume's and snapshot's state changes come and what
+    Describe calls show until then (the module's "Timing and consistency").
+    Times are time.monotonic() seconds."""
+
+    def __init__(self, seed, lag, create, attach, detach):
+        self.rng = random.Random(seed)
+        self.lag, self.create, self.attach, self.detach = lag, create, attach, detach
+        self.lock = threading.RLock()
+        # volume or snapshot id: when Describe calls start to show it.
+        self.visible_at = {}
+        # volume id: when `creating` ends.
+        self.available_at = {}
+        # volume id: (its attachment, when `attaching` ends / `detaching` does).
+        self.attaching = {}
+        self.detaching = {}
+        # volume id: (the deleted volume, until when it is described `deleting`).
+        self.deleted = {}
+        # Per request thread: `on` while serve.py renders a volume for an
+        # answer of its own; `action`, the EC2 action being served (moto
+        # makes volumes and snapshots of its own for its AMIs, which are
+        # there from the start).
+        self.revealing = threading.local()
+        self.serving = threading.local()
+
+    def after(self, nominal):
+        with self.lock:
+            return time.monotonic() + nominal * (0.5 + self.rng.random())
+
+    def hidden(self, resource_id):
+        if getattr(self.revealing, "on", False):
+            return False
+        return time.monotonic() < self.visible_at.get(resource_id, 0)
+
+    def settle(self):
+        """Moves the attachments whose time has come."""
+        now = time.monotonic()
+        with self.lock:
+            for volume_id, (attachment, at) in list(self.attaching.items()):
+                if now >= at:
+                    attachment.status = "attached"
+                    del self.attaching[volume_id]
+            for volume_id, (attachment, at) in list(self.detaching.items()):
+                if now >= at:
+                    if attachment.volume.attachment is attachment:
+                        attachment.volume.attachment = None
+                    del self.detaching[volume_id]
+            for volume_id, (_, until) in list(self.deleted.items()):
+                if now >= until:
+                    del self.deleted[volume_id]
+
+    def status(self, volume):
+        if volume.id in self.deleted:
+            return "deleting"
+        if time.monotonic() < self.available_at.get(volume.id, 0):
+            return "creating"
+        return "in-use" if volume.attachment else "available"
+
+
+timeline = None
+BACKEND = {name: getattr(EBSBackend, name) for name in (
+    "create_volume", "get_volume", "describe_volumes", "delete_volume", "attach_volume", "detach_volume",
+    "create_snapshot", "get_snapshot", "describe_snapshots", "delete_snapshot",
+)}
+
+
+def incorrect_state(volume_id, state):
+    # EC2 API Reference, "Error codes": IncorrectState, with the message of
+    # kubernetes-sigs/aws-ebs-csi-driver#1801.
+    return EC2ClientError("IncorrectState", f"Volume '{volume_id}' is in the '{state}' state.")
+
+
+def create_volume(self, *args, **kwargs):
+    volume = BACKEND["create_volume"](self, *args, **kwargs)
+    if getattr(timeline.serving, "action", None) not in ("CreateVolume", "CopyVolumes"):
+        return volume
+    with timeline.lock:
+        timeline.visible_at[volume.id] = timeline.after(timeline.lag)
+        timeline.available_at[volume.id] = timeline.after(timeline.create)
+    return volume
+
+
+def get_volume(self, volume_id):
+    timeline.settle()
+    if timeline.hidden(volume_id):
+        raise InvalidVolumeIdError(volume_id)
+    return BACKEND["get_volume"](self, volume_id)
+
+
+def describe_volumes(self, volume_ids=None, filters=None):
+    timeline.settle()
+    hidden = [i for i in volume_ids or [] if timeline.hidden(i)]
+    if hidden:
+        raise InvalidVolumeIdError(hidden[0])
+    with timeline.lock:
+        deleted = [v for i, (v, _) in timeline.deleted.items() if not volume_ids or i in volume_ids]
+    live_ids = [i for i in volume_ids or [] if i not in timeline.deleted]
+    live = [] if volume_ids and not live_ids else BACKEND["describe_volumes"](self, live_ids, filters)
+    deleted = generic_filter(filters, deleted) if filters else deleted
+    return [v for v in live if not timeline.hidden(v.id)] + deleted
+
+
+def delete_volume(self, volume_id):
+    volume = get_volume(self, volume_id)
+    if volume.attachment:
+        raise VolumeInUseError(volume_id, volume.attachment.instance.id)
+    volume = BACKEND["delete_volume"](self, volume_id)
+    with timeline.lock:
+        timeline.deleted[volume_id] = (volume, timeline.after(timeline.lag))
+    return volume
+
+
+def attach_volume(self, volume_id, instance_id, device_path, delete_on_termination=False):
+    volume = get_volume(self, volume_id)
+    if timeline.status(volume) == "creating":
+        raise incorrect_state(volume_id, "creating")
+    if volume.attachment:
+        # EC2 API Reference, "Error codes": VolumeInUse.
+        raise EC2ClientError("VolumeInUse", f"{volume_id} is already attached to an instance")
+    attachment = BACKEND["attach_volume"](self, volume_id, instance_id, device_path, delete_on_termination)
+    attachment.status = "attaching"
+    with timeline.lock:
+        timeline.attaching[volume_id] = (attachment, timeline.after(timeline.attach))
+    return attachment
+
+
+def detach_volume(self, volume_id, instance_id, device_path):
+    volume = get_volume(self, volume_id)
+    if volume.attachment and volume.attachment.status == "detaching":
+        raise incorrect_state(volume_id, "in-use")
+    attachment = BACKEND["detach_volume"](self, volume_id, instance_id, device_path)
+    attachment.status = "detaching"
+    volume.attachment = attachment
+    with timeline.lock:
+        timeline.attaching.pop(volume_id, None)
+        timeline.detaching[volume_id] = (attachment, timeline.after(timeline.detach))
+    return attachment
+
+
+def create_snapshot(self, volume_id, *args, **kwargs):
+    snapshot = BACKEND["create_snapshot"](self, volume_id, *args, **kwargs)
+    if getattr(timeline.serving, "action", None) != "CreateSnapshot":
+        return snapshot
+    with timeline.lock:
+        timeline.visible_at[snapshot.id] = timeline.after(timeline.lag)
+    return snapshot
+
+
+def get_snapshot(self, snapshot_id):
+    if timeline.hidden(snapshot_id):
+        raise InvalidSnapshotIdError()
+    return BACKEND["get_snapshot"](self, snapshot_id)
+
+
+def describe_snapshots(self, snapshot_ids=None, filters=None):
+    if any(timeline.hidden(i) for i in snapshot_ids or []):
+        raise InvalidSnapshotIdError()
+    return [s for s in BACKEND["describe_snapshots"](self, snapshot_ids, filters) if not timeline.hidden(s.id)]
+
+
+def delete_snapshot(self, snapshot_id):
+    get_snapshot(self, snapshot_id)
+    return BACKEND["delete_snapshot"](self, snapshot_id)
+
+
+def keep_time(seed, lag, create, attach, detach):
+    """Puts EC2's timing and consistency into moto's EBS backend."""
+    global timeline
+    timeline = Timeline(seed, lag, create, attach, detach)
+    for name in BACKEND:
+        setattr(EBSBackend, name, globals()[name])
+    Volume.status = property(timeline.status)
+
+
 def error(start_response, status, code, message):
     body = (
         '<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error>'
@@ -169,12 +375,60 @@ def copy_volumes(app, environ, start_response, params):
                 copies[token] = (request, volume_id)
     # moto's own rendering of the volume, under CopyVolumes' root element.
     describe = f"Action=DescribeVolumes&Version=2016-11-15&VolumeId.1={volume_id}".encode()
-    inner = dict(environ, **{"wsgi.input": io.BytesIO(describe), "CONTENT_LENGTH": str(len(describe))})
-    captured = {}
-    body = b"".join(app(inner, lambda status, headers, *_: captured.update(status=status)))
+    status, body = call(app, environ, describe, reveal=True)
     body = body.replace(b"DescribeVolumesResponse", b"CopyVolumesResponse")
-    start_response(captured["status"], [("Content-Type", "text/xml"), ("Content-Length", str(len(body)))])
+    start_response(status, [("Content-Type", "text/xml"), ("Content-Length", str(len(body)))])
     return [body]
+
+
+def call(app, environ, body, reveal=False):
+    """moto's (status, body) for the request `body`; with `reveal`, as if
+    every resource were visible already."""
+    inner = dict(environ, **{"wsgi.input": io.BytesIO(body), "CONTENT_LENGTH": str(len(body))})
+    captured = {}
+    timeline.revealing.on = reveal
+    try:
+        answer = b"".join(app(inner, lambda status, headers, *_: captured.update(status=status)))
+    finally:
+        timeline.revealing.on = False
+    return captured["status"], answer
+
+
+# ClientToken: (the request without it, the first answer's body).
+volume_tokens = {}
+tokens_lock = threading.Lock()
+
+
+def create_volume_once(app, environ, start_response, params, body):
+    """CreateVolume with EC2's idempotency: a repeated ClientToken answers
+    the first call's volume (in its state now), or
+    IdempotentParameterMismatch if the parameters differ."""
+    one = {k: v[0] for k, v in params.items()}
+    token = one.pop("ClientToken")
+    with tokens_lock:
+        earlier = volume_tokens.get(token)
+        if earlier and earlier[0] != one:
+            return error(start_response, *FAULTS["token-mismatch"][1:])
+        if earlier:
+            recorder._record_request(Served(environ), body)
+            status, answer = "200 OK", earlier[1]
+            volume_id = xml_value(answer, "volumeId")
+            backend = ec2_backends[DEFAULT_ACCOUNT_ID][region_of(environ)]
+            volume = backend.volumes.get(volume_id)
+            if volume is not None:
+                state = timeline.status(volume).encode()
+                answer = re.sub(rb"<status>[a-z-]+</status>", b"<status>" + state + b"</status>", answer, count=1)
+        else:
+            status, answer = call(app, environ, body)
+            if status.startswith("200"):
+                volume_tokens[token] = (one, answer)
+    start_response(status, [("Content-Type", "text/xml"), ("Content-Length", str(len(answer)))])
+    return [answer]
+
+
+def xml_value(body, tag):
+    match = re.search(rb"<%s>([^<]*)</%s>" % (tag.encode(), tag.encode()), body)
+    return match.group(1).decode() if match else None
 
 
 ANSWERED_HERE = (
@@ -217,7 +471,7 @@ def respond(start_response, action, inner):
 
 def snapshot_exists(environ, snapshot_id):
     backend = ec2_backends[DEFAULT_ACCOUNT_ID][region_of(environ)]
-    return snapshot_id in backend.snapshots
+    return snapshot_id in backend.snapshots and not timeline.hidden(snapshot_id)
 
 
 def fast_restore_item(snapshot_id, zone, since):
@@ -298,7 +552,7 @@ def describe_volume_status(environ, start_response, params):
     ids = [v[0] for k, v in sorted(params.items()) if k.startswith("VolumeId.")] or list(backend.volumes)
     items = ""
     for volume_id in ids:
-        if volume_id not in backend.volumes:
+        if volume_id not in backend.volumes or timeline.hidden(volume_id):
             return error(start_response, 400, "InvalidVolume.NotFound", f"The volume '{volume_id}' does not exist.")
         with lock:
             progress, seconds = initializing.get(volume_id, (100, 0))
@@ -390,10 +644,17 @@ def middleware(app):
                     return error(start_response, status, code, message.format(**fields))
             if limits and action and not within_limits(action, params):
                 return error(start_response, *FAULTS["throttle"][1:])
+        # The backend of the request's account and Region is made (and
+        # moto's own AMIs with their volumes) before the action is served.
+        account = environ.get("HTTP_X_MOTO_ACCOUNT_ID", DEFAULT_ACCOUNT_ID)
+        ec2_backends[account][region_of(environ)]
+        timeline.serving.action = action
         if action in ANSWERED_HERE:
             recorder._record_request(Served(environ), body)
         if action == "CopyVolumes":
             return copy_volumes(app, environ, start_response, params)
+        if action == "CreateVolume" and params.get("ClientToken") and params.get("DryRun") != ["true"]:
+            return create_volume_once(app, environ, start_response, params, body)
         if action == "EnableFastSnapshotRestores":
             return enable_fast_snapshot_restores(environ, start_response, params)
         if action == "DescribeFastSnapshotRestores":
@@ -410,8 +671,18 @@ def middleware(app):
 
 
 def main():
+    parser = argparse.ArgumentParser(description="moto's EC2 with EC2's timing and consistency")
+    parser.add_argument("port", type=int)
+    parser.add_argument("--seed", type=int, default=random.SystemRandom().randrange(2**32))
+    parser.add_argument("--lag", type=float, default=0.5, help="seconds a new resource stays out of Describe calls")
+    parser.add_argument("--create", type=float, default=0.5, help="seconds a volume is `creating`")
+    parser.add_argument("--attach", type=float, default=0.5, help="seconds an attachment is `attaching`")
+    parser.add_argument("--detach", type=float, default=0.5, help="seconds an attachment is `detaching`")
+    args = parser.parse_args()
+    print(f"serve.py: seed {args.seed}", file=sys.stderr, flush=True)
+    keep_time(args.seed, args.lag, args.create, args.attach, args.detach)
     app = DomainDispatcherApplication(create_backend_app)
-    run_simple("127.0.0.1", int(sys.argv[1]), middleware(app), threaded=True, request_handler=MotoRequestHandler)
+    run_simple("127.0.0.1", args.port, middleware(app), threaded=True, request_handler=MotoRequestHandler)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 //! moto server (PyPI `moto[ec2,server]`, a real EC2 Query API
 //! implementation) on 127.0.0.1, one per test, behind `tests/ec2/serve.py`
-//! (CopyVolumes, which moto lacks, and EC2's own answers to the faults a
-//! test arms), and the controller binary pointed at it through the SDK's
-//! standard endpoint setting.
+//! (CopyVolumes, which moto lacks, EC2's timing and eventual consistency,
+//! and EC2's own answers to the faults a test arms), and the controller
+//! binary pointed at it through the SDK's standard endpoint setting.
 #![allow(clippy::expect_used, reason = "test support")]
 
 use std::io::{Read, Write};
@@ -28,8 +28,29 @@ pub struct Moto {
 }
 
 impl Moto {
-    /// Starts moto on a free loopback port and waits until it answers.
+    /// Starts moto on a free loopback port with serve.py's default timing
+    /// and waits until it answers.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// [`Moto::start`] with serve.py's options `args` (`--lag`,
+    /// `--create`, …). The seed of its timing is `EBS_CSI_EC2_SEED` or a
+    /// random one, printed (a failed test shows it; set it to replay).
+    pub fn start_with(args: &[&str]) -> Self {
+        let seed = std::env::var("EBS_CSI_EC2_SEED")
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or_else(|| {
+                u64::from(std::process::id())
+                    ^ u64::from(
+                        std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .unwrap_or_default()
+                            .subsec_nanos(),
+                    )
+            });
+        eprintln!("moto: EBS_CSI_EC2_SEED={seed}");
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("free port")
@@ -41,6 +62,8 @@ impl Moto {
         let child = Command::new(crate::venv_program("python"))
             .arg(crate::repository().join("tests/ec2/serve.py"))
             .arg(port.to_string())
+            .args(["--seed", &seed.to_string()])
+            .args(args)
             .current_dir(dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -1159,3 +1159,43 @@ async fn ec2s_own_answers_are_survived_over_the_wire() {
         assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
     }
 }
+
+/// EC2 answers CreateVolume `creating` and lists the new volume only a
+/// while later; a repeated CreateVolume may find the volume attached.
+/// Neither may cost the user the volume: over the wire, no DeleteVolume
+/// reaches EC2 (the controller deletes only on a DeleteVolume RPC).
+#[tokio::test(flavor = "multi_thread")]
+async fn eventual_consistency_never_costs_a_volume() {
+    let sandbox = Sandbox::new();
+    let moto = Moto::start_with(&["--lag", "2", "--create", "0.5", "--attach", "0.5"]);
+    let controller = Controller::start(&sandbox, &moto, REGION, &[]);
+    let mut client = controller.client().await;
+    let node = moto.run_instance(REGION, ZONE);
+    moto.start_recording();
+    let volume = create(&mut client, "pvc-late", 2).await;
+    assert_eq!(
+        (moto.recorded("CreateVolume"), moto.recorded("DeleteVolume")),
+        (1, 0),
+        "made once, looked for again while EC2 did not list it, never deleted"
+    );
+    assert!(moto.recorded("DescribeVolumes") >= 2, "the wait looked again");
+
+    moto.start_recording();
+    client
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            node_id: node,
+            volume_capability: Some(mount()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let again = create(&mut client, "pvc-late", 2).await;
+    assert_eq!(
+        again.volume_id, volume.volume_id,
+        "the provisioner's retry finds the attached volume"
+    );
+    let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
+    assert_eq!(xml_values(&xml, "status"), vec!["in-use", "attached"]);
+    assert_eq!(moto.recorded("DeleteVolume"), 0);
+}

@@ -1,8 +1,19 @@
 //! An in-memory EC2 for unit tests: the behaviours moto lacks (DESIGN.md
-//! §5) — state changes that take time, ClientToken semantics with
-//! `IdempotentParameterMismatch`, attachment limits, Multi-Attach rules,
-//! refused device names, the modification cooldown and throttling
-//! (EC2's documented request token buckets, [`super::limits`]).
+//! §5, §10) — state changes that take time, with spread; eventual
+//! consistency; ClientToken semantics with `IdempotentParameterMismatch`,
+//! attachment limits, Multi-Attach rules, refused device names, the
+//! modification cooldown and throttling (EC2's documented request token
+//! buckets, [`super::limits`]).
+//!
+//! Eventual consistency as the Amazon EC2 Developer Guide describes it
+//! ("Eventual consistency in the Amazon EC2 API"): a volume, snapshot or
+//! modification just created is left out of Describe calls for a
+//! while (by id, EC2 answers `InvalidVolume.NotFound`; the controller's
+//! filtered calls simply miss it), and other calls naming it answer
+//! `NotFound`; after a change (attach, detach, tags, modification,
+//! delete) Describe calls still show the volume as it was for a while.
+//! Each state change and each lag takes its nominal time times a factor
+//! drawn from 0.5–1.5, from a seeded generator.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, PoisonError};
@@ -20,14 +31,20 @@ use super::{
 /// How the model behaves.
 #[derive(Clone, Debug)]
 pub struct Behaviour {
-    /// `creating` → `available` after this long.
+    /// `creating` → `available` after about this long (EC2 API
+    /// Reference, CreateVolume: the answer says `creating`).
     pub create_delay: Duration,
     /// New volumes end in `error` instead.
     pub creations_fail: bool,
-    /// `attaching` → `attached` after this long; `None`: never.
+    /// `attaching` → `attached` after about this long; `None`: never.
     pub attach_delay: Option<Duration>,
-    /// `detaching` → gone after this long.
+    /// `detaching` → gone after about this long.
     pub detach_delay: Duration,
+    /// How long, about, a new resource stays out of Describe calls, and
+    /// a changed one shows its earlier state there.
+    pub visibility_lag: Duration,
+    /// Seeds the spread of every delay and lag.
+    pub seed: u64,
     /// DescribeVolumeStatus reports every volume impaired.
     pub volumes_impaired: bool,
     /// DescribeVolumeStatus reports every volume still initializing.
@@ -58,6 +75,8 @@ impl Default for Behaviour {
             creations_fail: false,
             attach_delay: Some(Duration::from_millis(300)),
             detach_delay: Duration::from_millis(300),
+            visibility_lag: Duration::from_millis(200),
+            seed: 1,
             volumes_impaired: false,
             initializing: None,
             ebs_cards: None,
@@ -69,15 +88,44 @@ impl Default for Behaviour {
     }
 }
 
+/// A volume as EC2 keeps it, and when its Describe calls show what.
+struct Record {
+    volume: Volume,
+    /// `creating` ends then.
+    ready_at: Instant,
+    /// Left out of Describe calls until then.
+    visible_at: Instant,
+    /// Describe calls show this earlier state until the moment given.
+    earlier: Option<(Volume, Instant)>,
+    /// DeleteVolume took it: gone once `earlier` has passed.
+    deleted: bool,
+}
+
+impl Record {
+    /// What a Describe call answers at `now`.
+    fn shown(&self, now: Instant) -> Option<&Volume> {
+        match &self.earlier {
+            _ if now < self.visible_at => None,
+            Some((earlier, until)) if now < *until => Some(earlier),
+            _ => (!self.deleted).then_some(&self.volume),
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
-    volumes: BTreeMap<String, (Volume, Instant)>,
-    attach_times: HashMap<(String, String), Instant>,
-    detach_times: HashMap<(String, String), Instant>,
+    volumes: BTreeMap<String, Record>,
+    /// When each (volume, instance) attachment becomes `attached`.
+    attached_at: HashMap<(String, String), Instant>,
+    /// When each (volume, instance) detachment ends.
+    detached_at: HashMap<(String, String), Instant>,
     tokens: HashMap<String, (CreateVolumeInput, String)>,
     instances: HashMap<String, Instance>,
-    snapshots: BTreeMap<String, Snapshot>,
-    modifications: HashMap<String, Modification>,
+    /// Snapshots, each visible from the moment given.
+    snapshots: BTreeMap<String, (Snapshot, Instant)>,
+    /// Modifications, each visible from the moment given.
+    modifications: HashMap<String, (Modification, Instant)>,
+    rng: fastrand::Rng,
     ebs_cards_asked: Vec<Option<i32>>,
     calls: HashMap<&'static str, usize>,
     throttled_calls: usize,
@@ -116,13 +164,48 @@ pub struct Model {
     made: Instant,
 }
 
+impl State {
+    /// About `nominal` from now: times a factor drawn from 0.5–1.5.
+    fn after(&mut self, nominal: Duration) -> Instant {
+        Instant::now() + nominal.mul_f64(0.5 + self.rng.f64())
+    }
+
+    /// The volume `id` for a call that names it: one DeleteVolume took or
+    /// that is not visible yet is `NotFound`, as EC2 answers.
+    fn live(&mut self, id: &str) -> Result<&mut Record, Ec2Error> {
+        let now = Instant::now();
+        self.volumes
+            .get_mut(id)
+            .filter(|r| !r.deleted && now >= r.visible_at)
+            .ok_or_else(|| Model::missing(id))
+    }
+}
+
 impl Model {
     /// An empty region with `behaviour`.
     pub fn new(behaviour: Behaviour) -> Self {
+        let state = State {
+            rng: fastrand::Rng::with_seed(behaviour.seed),
+            ..State::default()
+        };
         Self {
             behaviour,
-            state: Mutex::default(),
+            state: Mutex::new(state),
             made: Instant::now(),
+        }
+    }
+
+    /// Before a change of `id`: Describe calls keep showing the volume as
+    /// it is now for about the visibility lag (or longer, if an earlier
+    /// change still shows).
+    fn changing(&self, state: &mut State, id: &str) {
+        let until = state.after(self.behaviour.visibility_lag);
+        let now = Instant::now();
+        if let Some(record) = state.volumes.get_mut(id) {
+            match &mut record.earlier {
+                Some((_, shown_until)) if now < *shown_until => *shown_until = until.max(*shown_until),
+                earlier => *earlier = Some((record.volume.clone(), until)),
+            }
         }
     }
 
@@ -183,11 +266,22 @@ impl Model {
         self.state().calls.values().sum()
     }
 
-    /// The volume as EC2 would describe it now.
+    /// The ids of the volumes EC2 has now (DeleteVolume took none of them).
+    pub fn volumes(&self) -> Vec<String> {
+        let state = self.state();
+        state
+            .volumes
+            .values()
+            .filter(|r| !r.deleted)
+            .map(|r| r.volume.id.clone())
+            .collect()
+    }
+
+    /// The volume as EC2 has it now (not as a Describe call may show it).
     pub fn volume(&self, id: &str) -> Option<Volume> {
         let mut state = self.state();
         self.advance(&mut state);
-        state.volumes.get(id).map(|(v, _)| v.clone())
+        state.volumes.get(id).filter(|r| !r.deleted).map(|r| r.volume.clone())
     }
 
     /// Counts a call and applies throttling.
@@ -222,12 +316,14 @@ impl Model {
         let now = Instant::now();
         let State {
             volumes,
-            attach_times,
-            detach_times,
+            attached_at,
+            detached_at,
             ..
         } = state;
-        for (volume, created) in volumes.values_mut() {
-            if volume.state == VolumeState::Creating && now >= *created + self.behaviour.create_delay {
+        volumes.retain(|_, r| !r.deleted || r.shown(now).is_some());
+        for record in volumes.values_mut() {
+            let volume = &mut record.volume;
+            if volume.state == VolumeState::Creating && now >= record.ready_at {
                 volume.state = if self.behaviour.creations_fail {
                     VolumeState::Error
                 } else {
@@ -236,19 +332,10 @@ impl Model {
             }
             for a in &mut volume.attachments {
                 let key = (volume.id.clone(), a.instance_id.clone());
-                let attached = self
-                    .behaviour
-                    .attach_delay
-                    .zip(attach_times.get(&key))
-                    .is_some_and(|(d, t)| now >= *t + d);
-                if a.state == AttachmentState::Attaching && attached {
+                if a.state == AttachmentState::Attaching && attached_at.get(&key).is_some_and(|t| now >= *t) {
                     a.state = AttachmentState::Attached;
                 }
-                if a.state == AttachmentState::Detaching
-                    && detach_times
-                        .get(&key)
-                        .is_some_and(|t| now >= *t + self.behaviour.detach_delay)
-                {
+                if a.state == AttachmentState::Detaching && detached_at.get(&key).is_some_and(|t| now >= *t) {
                     a.state = AttachmentState::Detached;
                 }
             }
@@ -290,11 +377,13 @@ impl Ec2 for Model {
                     "ClientToken reused with other parameters".into(),
                 ));
             }
+            // EC2 answers a repeat with the volume, visible or not yet.
             let id = id.clone();
             return state
                 .volumes
                 .get(&id)
-                .map(|(v, _)| v.clone())
+                .filter(|r| !r.deleted)
+                .map(|r| r.volume.clone())
                 .ok_or_else(|| Self::missing(&id));
         }
         state.next_id += 1;
@@ -316,28 +405,27 @@ impl Ec2 for Model {
             attachments: Vec::new(),
         };
         state.tokens.insert(input.client_token, (request, id.clone()));
-        state.volumes.insert(id, (volume.clone(), Instant::now()));
+        let record = Record {
+            volume: volume.clone(),
+            ready_at: state.after(self.behaviour.create_delay),
+            visible_at: state.after(self.behaviour.visibility_lag),
+            earlier: None,
+            deleted: false,
+        };
+        state.volumes.insert(id, record);
         Ok(volume)
     }
 
     async fn copy_volume(&self, source_volume_id: &str, mut input: CreateVolumeInput) -> Result<Volume, Ec2Error> {
-        let zone = {
-            let state = self.call("CopyVolumes")?;
-            state
-                .volumes
-                .get(source_volume_id)
-                .map(|(v, _)| v.zone.clone())
-                .ok_or_else(|| Self::missing(source_volume_id))?
-        };
-        input.zone = zone;
+        input.zone = self.call("CopyVolumes")?.live(source_volume_id)?.volume.zone.clone();
         self.create_volume(input).await
     }
 
     async fn describe_volume_status(&self, volume_id: &str) -> Result<Option<VolumeHealth>, Ec2Error> {
-        let state = self.call("DescribeVolumeStatus")?;
+        let mut state = self.call("DescribeVolumeStatus")?;
         let impaired = self.behaviour.volumes_impaired;
         let initializing = self.behaviour.initializing;
-        Ok(state.volumes.contains_key(volume_id).then(|| VolumeHealth {
+        Ok(state.live(volume_id).is_ok().then(|| VolumeHealth {
             impaired,
             detail: format!(
                 "volume status {}",
@@ -349,24 +437,21 @@ impl Ec2 for Model {
 
     async fn delete_volume(&self, volume_id: &str) -> Result<(), Ec2Error> {
         let mut state = self.call("DeleteVolume")?;
-        match state.volumes.get(volume_id) {
-            None => Err(Self::missing(volume_id)),
-            Some((v, _)) if !v.attachments.is_empty() => {
-                Err(Ec2Error::IncorrectState(format!("Volume {volume_id} is in use")))
-            }
-            Some(_) => {
-                state.volumes.remove(volume_id);
-                Ok(())
-            }
+        if !state.live(volume_id)?.volume.attachments.is_empty() {
+            return Err(Ec2Error::IncorrectState(format!("Volume {volume_id} is in use")));
         }
+        self.changing(&mut state, volume_id);
+        state.live(volume_id)?.deleted = true;
+        Ok(())
     }
 
     async fn describe_volumes(&self, selector: Selector) -> Result<Vec<Volume>, Ec2Error> {
         let state = self.call("DescribeVolumes")?;
+        let now = Instant::now();
         Ok(state
             .volumes
             .values()
-            .map(|(v, _)| v)
+            .filter_map(|r| r.shown(now))
             .filter(|v| matches(&selector, &v.id, &v.tags, &v.id))
             .cloned()
             .collect())
@@ -388,7 +473,7 @@ impl Ec2 for Model {
         let attached_to_instance = state
             .volumes
             .values()
-            .filter(|(v, _)| v.attachments.iter().any(|a| a.instance_id == instance_id))
+            .filter(|r| !r.deleted && r.volume.attachments.iter().any(|a| a.instance_id == instance_id))
             .count();
         let instance = state
             .instances
@@ -400,25 +485,29 @@ impl Ec2 for Model {
                 "instance {instance_id} has no attachment slot left"
             )));
         }
-        let (volume, _) = state
-            .volumes
-            .get_mut(volume_id)
-            .ok_or_else(|| Self::missing(volume_id))?;
+        let volume = &state.live(volume_id)?.volume;
         if volume.zone != instance.zone {
             return Err(Ec2Error::IncorrectState("InvalidVolume.ZoneMismatch".into()));
         }
         if volume.state == VolumeState::Creating || (!volume.attachments.is_empty() && !volume.multi_attach) {
             return Err(Ec2Error::IncorrectState(format!("vol {volume_id} is not available")));
         }
+        self.changing(&mut state, volume_id);
+        let volume = &mut state.live(volume_id)?.volume;
         volume.attachments.push(Attachment {
             instance_id: instance_id.into(),
             device: device.into(),
             state: AttachmentState::Attaching,
         });
         volume.state = VolumeState::InUse;
-        state
-            .attach_times
-            .insert((volume_id.into(), instance_id.into()), Instant::now());
+        let key = (volume_id.to_owned(), instance_id.to_owned());
+        match self.behaviour.attach_delay {
+            Some(delay) => {
+                let at = state.after(delay);
+                state.attached_at.insert(key, at);
+            }
+            None => drop(state.attached_at.remove(&key)),
+        }
         if let Some(instance) = state.instances.get_mut(instance_id) {
             instance.ebs_cards_in_use.push(ebs_card.unwrap_or(0));
         }
@@ -433,10 +522,7 @@ impl Ec2 for Model {
 
     async fn detach_volume(&self, volume_id: &str, instance_id: &str) -> Result<(), Ec2Error> {
         let mut state = self.call("DetachVolume")?;
-        let (volume, _) = state
-            .volumes
-            .get_mut(volume_id)
-            .ok_or_else(|| Self::missing(volume_id))?;
+        let volume = &state.live(volume_id)?.volume;
         // EC2's answers: a volume attached nowhere is `IncorrectState`
         // "Volume 'vol-…' is in the 'available' state." (the response
         // captured in kubernetes-sigs/aws-ebs-csi-driver#1801); one attached
@@ -447,19 +533,18 @@ impl Ec2 for Model {
                 "Volume '{volume_id}' is in the 'available' state."
             )));
         }
-        let attachment = volume
-            .attachments
-            .iter_mut()
-            .find(|a| a.instance_id == instance_id)
-            .ok_or_else(|| {
-                Ec2Error::NotFound(format!(
-                    "The volume {volume_id} is not attached to instance {instance_id}"
-                ))
-            })?;
-        attachment.state = AttachmentState::Detaching;
-        state
-            .detach_times
-            .insert((volume_id.into(), instance_id.into()), Instant::now());
+        if !volume.attachments.iter().any(|a| a.instance_id == instance_id) {
+            return Err(Ec2Error::NotFound(format!(
+                "The volume {volume_id} is not attached to instance {instance_id}"
+            )));
+        }
+        self.changing(&mut state, volume_id);
+        let at = state.after(self.behaviour.detach_delay);
+        let volume = &mut state.live(volume_id)?.volume;
+        for a in volume.attachments.iter_mut().filter(|a| a.instance_id == instance_id) {
+            a.state = AttachmentState::Detaching;
+        }
+        state.detached_at.insert((volume_id.into(), instance_id.into()), at);
         Ok(())
     }
 
@@ -470,11 +555,7 @@ impl Ec2 for Model {
 
     async fn create_snapshot(&self, volume_id: &str, input: CreateSnapshotInput) -> Result<Snapshot, Ec2Error> {
         let mut state = self.call("CreateSnapshot")?;
-        let size_gib = state
-            .volumes
-            .get(volume_id)
-            .map(|(v, _)| v.size_gib)
-            .ok_or_else(|| Self::missing(volume_id))?;
+        let size_gib = state.live(volume_id)?.volume.size_gib;
         state.next_id += 1;
         let snapshot = Snapshot {
             id: format!("snap-{:017x}", state.next_id),
@@ -484,17 +565,22 @@ impl Ec2 for Model {
             start_time_seconds: 0,
             tags: input.tags,
         };
-        state.snapshots.insert(snapshot.id.clone(), snapshot.clone());
+        let visible_at = state.after(self.behaviour.visibility_lag);
+        state
+            .snapshots
+            .insert(snapshot.id.clone(), (snapshot.clone(), visible_at));
         Ok(snapshot)
     }
 
     async fn lock_snapshot(&self, snapshot_id: &str, _lock: &SnapshotLock) -> Result<(), Ec2Error> {
         let state = self.call("LockSnapshot")?;
+        let now = Instant::now();
         state
             .snapshots
             .get(snapshot_id)
+            .filter(|(_, visible_at)| now >= *visible_at)
             .map(drop)
-            .ok_or_else(|| Ec2Error::NotFound(format!("snapshot {snapshot_id}")))
+            .ok_or_else(|| Ec2Error::NotFound(format!("The snapshot '{snapshot_id}' does not exist.")))
     }
 
     async fn enable_fast_snapshot_restores(
@@ -516,11 +602,12 @@ impl Ec2 for Model {
 
     async fn describe_snapshots(&self, selector: Selector) -> Result<Vec<Snapshot>, Ec2Error> {
         let state = self.call("DescribeSnapshots")?;
+        let now = Instant::now();
         Ok(state
             .snapshots
             .values()
-            .filter(|s| matches(&selector, &s.id, &s.tags, &s.volume_id))
-            .cloned()
+            .filter(|(s, visible_at)| now >= *visible_at && matches(&selector, &s.id, &s.tags, &s.volume_id))
+            .map(|(s, _)| s.clone())
             .collect())
     }
 
@@ -531,10 +618,9 @@ impl Ec2 for Model {
                 "VolumeModificationRateExceeded: volume {volume_id} was modified in the last 6 hours"
             )));
         }
-        let (volume, _) = state
-            .volumes
-            .get_mut(volume_id)
-            .ok_or_else(|| Self::missing(volume_id))?;
+        state.live(volume_id)?;
+        self.changing(&mut state, volume_id);
+        let volume = &mut state.live(volume_id)?.volume;
         volume.size_gib = input.size_gib.unwrap_or(volume.size_gib);
         volume.volume_type = input.volume_type.unwrap_or_else(|| volume.volume_type.clone());
         volume.iops = input.iops.or(volume.iops);
@@ -544,35 +630,35 @@ impl Ec2 for Model {
             state: ModificationState::Optimizing,
             target_size_gib: Some(volume.size_gib),
         };
-        state.modifications.insert(volume_id.into(), modification);
+        let visible_at = state.after(self.behaviour.visibility_lag);
+        state.modifications.insert(volume_id.into(), (modification, visible_at));
         Ok(())
     }
 
     async fn describe_volumes_modifications(&self, ids: Vec<String>) -> Result<Vec<Modification>, Ec2Error> {
         let state = self.call("DescribeVolumesModifications")?;
+        let now = Instant::now();
         Ok(ids
             .iter()
-            .filter_map(|id| state.modifications.get(id).cloned())
+            .filter_map(|id| state.modifications.get(id))
+            .filter(|(_, visible_at)| now >= *visible_at)
+            .map(|(m, _)| m.clone())
             .collect())
     }
 
     async fn create_tags(&self, resource_id: &str, tags: Tags) -> Result<(), Ec2Error> {
         let mut state = self.call("CreateTags")?;
-        let (volume, _) = state
-            .volumes
-            .get_mut(resource_id)
-            .ok_or_else(|| Self::missing(resource_id))?;
-        volume.tags.extend(tags);
+        state.live(resource_id)?;
+        self.changing(&mut state, resource_id);
+        state.live(resource_id)?.volume.tags.extend(tags);
         Ok(())
     }
 
     async fn delete_tags(&self, resource_id: &str, keys: Vec<String>) -> Result<(), Ec2Error> {
         let mut state = self.call("DeleteTags")?;
-        let (volume, _) = state
-            .volumes
-            .get_mut(resource_id)
-            .ok_or_else(|| Self::missing(resource_id))?;
-        volume.tags.retain(|k, _| !keys.contains(k));
+        state.live(resource_id)?;
+        self.changing(&mut state, resource_id);
+        state.live(resource_id)?.volume.tags.retain(|k, _| !keys.contains(k));
         Ok(())
     }
 

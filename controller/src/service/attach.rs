@@ -145,8 +145,12 @@ impl<E: Ec2> ControllerService<E> {
         )))
     }
 
-    /// Waits for the attachment to be `attached` on `device`; one stuck in
-    /// `attaching` past the attach timeout is detached again.
+    /// Waits for the attachment to be `attached` on `device`; one not
+    /// attached by the attach timeout is detached again. Until then an
+    /// attachment DescribeVolumes does not show yet, or shows in an
+    /// earlier state, is looked at again like one `attaching`: EC2's
+    /// answers lag its changes (Amazon EC2 Developer Guide, "Eventual
+    /// consistency in the Amazon EC2 API").
     async fn wait_attached(&self, volume_id: &str, node_id: &str, device: &str) -> Result<(), ControllerError> {
         let what = format!("volume {volume_id} to attach to {node_id}");
         let result = wait::until(&what, self.settings.attach_timeout, self.cadence(), || async {
@@ -157,10 +161,9 @@ impl<E: Ec2> ControllerService<E> {
                     "volume {volume_id} is attached to {node_id} as {}, not {device}",
                     a.device
                 ))),
-                Some(a) if matches!(a.state, AttachmentState::Attaching | AttachmentState::Busy) => Look::Again,
-                _ => Look::Fail(ControllerError::Unavailable(format!(
-                    "the attachment of volume {volume_id} to {node_id} went away"
-                ))),
+                // Attaching, busy, not shown yet, or a lagging view's
+                // earlier attachment still detaching.
+                _ => Look::Again,
             })
         })
         .await;

@@ -7,6 +7,7 @@ use ebs_csi_proto::v1::{
 };
 
 use super::volumes::page;
+use super::wait::{self, Cadence, Look};
 use super::{ControllerService, GIB, required};
 use crate::ec2::{CreateSnapshotInput, Ec2, Ec2Error, Selector, Snapshot, SnapshotLock, SnapshotState};
 use crate::error::ControllerError;
@@ -74,6 +75,7 @@ impl<E: Ec2> ControllerService<E> {
                 if let Some(lock) = &p.lock {
                     self.lock(&snapshot.id, lock).await?;
                 }
+                self.wait_visible(&snapshot.id).await?;
                 snapshot
             }
         };
@@ -96,11 +98,52 @@ impl<E: Ec2> ControllerService<E> {
         })
     }
 
+    /// Waits until DescribeSnapshots lists a snapshot just made (EC2's
+    /// API is eventually consistent: Amazon EC2 Developer Guide,
+    /// "Eventual consistency in the Amazon EC2 API"). CreateSnapshot takes
+    /// no client token, so a retry knows the snapshot only by finding it
+    /// by name; answering once it can be found keeps a retry after this
+    /// answer from making a second one.
+    ///
+    /// # Errors
+    /// UNAVAILABLE at the state timeout; the DescribeSnapshots error.
+    async fn wait_visible(&self, snapshot_id: &str) -> Result<(), ControllerError> {
+        wait::until(
+            &format!("snapshot {snapshot_id} to be listed by DescribeSnapshots"),
+            self.settings.state_timeout,
+            self.cadence(),
+            || async {
+                Ok(match self.describe.snapshots.get(snapshot_id).await? {
+                    Some(_) => Look::Done(()),
+                    None => Look::Again,
+                })
+            },
+        )
+        .await
+    }
+
     /// Locks a snapshot just created; if EC2 refuses, deletes it again, so
     /// that the retry makes one it can lock rather than finding one
-    /// without the lock the class asks for.
+    /// without the lock the class asks for. `InvalidSnapshot.NotFound` is
+    /// no refusal: EC2 may not know a snapshot it has just made (Amazon
+    /// EC2 Developer Guide, "Eventual consistency in the Amazon EC2
+    /// API"), so the lock is asked again, backing off, until the state
+    /// timeout.
     async fn lock(&self, snapshot_id: &str, lock: &SnapshotLock) -> Result<(), ControllerError> {
-        let Err(refused) = self.ec2.lock_snapshot(snapshot_id, lock).await else {
+        let locked = wait::until(
+            &format!("snapshot {snapshot_id} to be known to LockSnapshot"),
+            self.settings.state_timeout,
+            Cadence::Backoff,
+            || async {
+                match self.ec2.lock_snapshot(snapshot_id, lock).await {
+                    Ok(()) => Ok(Look::Done(Ok(()))),
+                    Err(Ec2Error::NotFound(_)) => Ok(Look::Again),
+                    Err(refused) => Ok(Look::Done(Err(refused))),
+                }
+            },
+        )
+        .await?;
+        let Err(refused) = locked else {
             return Ok(());
         };
         tracing::warn!(snapshot_id, error = %refused, "lock refused; deleting the snapshot");

@@ -338,20 +338,78 @@ async fn a_reused_client_token_with_other_parameters_is_already_exists() {
     assert_eq!(model.calls("CreateVolume"), 2);
 }
 
+/// The one exception to "deleted only on DeleteVolume": a volume this
+/// call's CreateVolume made that EC2 reports `error`. The retry takes the
+/// name's next client token.
 #[tokio::test]
 async fn a_volume_that_fails_is_reported_and_deleted() {
     let (model, service) = controller(Behaviour {
         creations_fail: true,
         ..Behaviour::default()
     });
-    let err = service
-        .create(request("pvc-bad", &[], capability(Mode::SingleNodeWriter, false)))
-        .await
-        .unwrap_err();
+    let pvc = || request("pvc-bad", &[], capability(Mode::SingleNodeWriter, false));
+    let err = service.create(pvc()).await.unwrap_err();
     assert_eq!(code(err), Code::Internal);
     assert_eq!(model.calls("DeleteVolume"), 1);
-    let list = service.list(ListVolumesRequest::default()).await.unwrap();
-    assert!(list.entries.is_empty(), "nothing is left behind");
+    assert_eq!(model.volumes(), Vec::<String>::new(), "nothing is left behind");
+    let err = service.create(pvc()).await.unwrap_err();
+    assert_eq!(code(err), Code::Internal);
+    assert_eq!(
+        (model.calls("CreateVolume"), model.calls("DeleteVolume")),
+        (2, 2),
+        "the retry made a volume of its own"
+    );
+}
+
+/// EC2 answers CreateVolume `creating` and may leave the new volume out of
+/// DescribeVolumes for a while: the wait looks again, and nothing is
+/// deleted.
+#[tokio::test]
+async fn a_volume_not_yet_visible_is_waited_for_and_never_deleted() {
+    let (model, service) = controller(Behaviour {
+        create_delay: Duration::from_millis(50),
+        visibility_lag: Duration::from_secs(2),
+        ..Behaviour::default()
+    });
+    let id = create(&service, "pvc-late").await;
+    assert_eq!(model.volume(&id).unwrap().state, VolumeState::Available);
+    assert_eq!((model.calls("CreateVolume"), model.calls("DeleteVolume")), (1, 0));
+}
+
+/// A repeated CreateVolume (the provisioner retries after a timeout) for
+/// a volume a pod already uses returns it, `in-use`, and deletes nothing.
+#[tokio::test]
+async fn a_repeat_for_an_attached_volume_returns_it() {
+    let (model, service) = controller(Behaviour::default());
+    let id = create(&service, "pvc-used").await;
+    service
+        .publish(publish(&id, "i-1", capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap();
+    assert_eq!(model.volume(&id).unwrap().state, VolumeState::InUse);
+    assert_eq!(create(&service, "pvc-used").await, id);
+    assert_eq!((model.calls("CreateVolume"), model.calls("DeleteVolume")), (1, 0));
+}
+
+/// An attachment DescribeVolumes does not show yet is waited for, not
+/// taken for one that went away and undone.
+#[tokio::test]
+async fn an_attachment_not_yet_visible_is_waited_for() {
+    let (model, service) = controller(Behaviour {
+        attach_delay: Some(Duration::from_millis(50)),
+        visibility_lag: Duration::from_secs(1),
+        ..Behaviour::default()
+    });
+    let id = create(&service, "pvc-lagging").await;
+    service
+        .publish(publish(&id, "i-1", capability(Mode::SingleNodeWriter, false)))
+        .await
+        .unwrap();
+    assert_eq!(
+        model.volume(&id).unwrap().attachments[0].state,
+        AttachmentState::Attached
+    );
+    assert_eq!(model.calls("DetachVolume"), 0);
 }
 
 #[tokio::test]
@@ -618,21 +676,46 @@ async fn zone_ids_pick_the_zone_and_come_back_in_the_topology() {
     );
 }
 
+/// Without a topology the name picks the zone: names spread across the
+/// region's zones, and a retry of one name asks for the same zone again
+/// (its client token then returns the first attempt's volume).
 #[tokio::test]
-async fn volumes_without_topology_spread_across_zones() {
+async fn volumes_without_topology_spread_across_zones_by_name() {
     let (model, service) = controller(Behaviour::default());
+    let no_topology = |name: &str| CreateVolumeRequest {
+        accessibility_requirements: None,
+        ..request(name, &[], capability(Mode::SingleNodeWriter, false))
+    };
     let mut zones = Vec::new();
-    for i in 0..3 {
-        let r = CreateVolumeRequest {
-            accessibility_requirements: None,
-            ..request(&format!("pvc-{i}"), &[], capability(Mode::SingleNodeWriter, false))
-        };
-        let id = service.create(r).await.unwrap().volume.unwrap().volume_id;
+    for i in 0..12 {
+        let id = service
+            .create(no_topology(&format!("pvc-{i}")))
+            .await
+            .unwrap()
+            .volume
+            .unwrap()
+            .volume_id;
         zones.push(model.volume(&id).unwrap().zone);
     }
-    zones.sort();
-    zones.dedup();
-    assert_eq!(zones.len(), 3, "{zones:?}");
+    let mut distinct = zones.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "{zones:?}");
+    let (model, service) = controller(Behaviour::default());
+    for (i, zone) in zones.iter().enumerate() {
+        let id = service
+            .create(no_topology(&format!("pvc-{i}")))
+            .await
+            .unwrap()
+            .volume
+            .unwrap()
+            .volume_id;
+        assert_eq!(
+            &model.volume(&id).unwrap().zone,
+            zone,
+            "pvc-{i} in a controller of its own"
+        );
+    }
 }
 
 #[tokio::test]
@@ -709,14 +792,21 @@ async fn an_initialization_rate_needs_a_snapshot_and_ec2s_range() {
     }
     assert_eq!(model.calls("CreateVolume"), 0);
     let source = create(&service, "pvc-source").await;
-    let snapshot = crate::ec2::Ec2::create_snapshot(model.as_ref(), &source, Default::default())
+    let snapshot = service
+        .snapshot(CreateSnapshotRequest {
+            source_volume_id: source,
+            name: "snapshot-1".into(),
+            ..Default::default()
+        })
         .await
+        .unwrap()
+        .snapshot
         .unwrap();
     let restore = CreateVolumeRequest {
         volume_content_source: Some(VolumeContentSource {
             r#type: Some(volume_content_source::Type::Snapshot(
                 volume_content_source::SnapshotSource {
-                    snapshot_id: snapshot.id,
+                    snapshot_id: snapshot.snapshot_id,
                 },
             )),
         }),

@@ -1,23 +1,26 @@
 //! Choosing the availability zone of a new volume, from zone names or, as
 //! the Go driver also takes them, zone ids (`topology.k8s.aws/zone-id`).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use ebs_csi_proto::v1::{Topology, TopologyRequirement};
 use ebs_csi_proto::{
     TOPOLOGY_KEY_WELL_KNOWN_ZONE, TOPOLOGY_KEY_ZONE, TOPOLOGY_KEY_ZONE_ID, TOPOLOGY_KEYS_OUTPOST, outpost_segments,
 };
+use sha2::{Digest, Sha256};
 use tokio::sync::OnceCell;
 
 use crate::ec2::{Ec2, Ec2Error, Zone};
 use crate::error::ControllerError;
 
 /// Picks zones: the first preferred one, else one of the requisite ones,
-/// else one of the region's zones, rotating so volumes without a
-/// requirement spread across zones instead of piling into the first.
+/// else one of the region's zones. Among several, the volume's name
+/// chooses (its SHA-256), so volumes without a requirement spread across
+/// zones, and a retried CreateVolume — after a timeout, or a restart of
+/// the controller — asks EC2 for the same zone: its ClientToken then
+/// returns the volume the first attempt made, where another zone would
+/// be `IdempotentParameterMismatch` and, with the next token, a second
+/// volume for one name.
 #[derive(Debug, Default)]
 pub struct ZonePicker {
-    next: AtomicUsize,
     region_zones: OnceCell<Vec<Zone>>,
 }
 
@@ -95,6 +98,7 @@ impl ZonePicker {
     /// none, or none with a zone id the requirement names.
     pub async fn pick<E: Ec2>(
         &self,
+        name: &str,
         requirement: Option<&TopologyRequirement>,
         ec2: &E,
     ) -> Result<String, ControllerError> {
@@ -107,7 +111,7 @@ impl ZonePicker {
             return Ok(zone.clone());
         }
         if !requisite.is_empty() {
-            return Ok(self.rotate(&requisite));
+            return Ok(by_name(name, &requisite));
         }
         let region = self.region_zones(ec2).await?;
         let name_of = |id: &str| region.iter().find(|z| z.id == id).map(|z| z.name.clone());
@@ -116,7 +120,7 @@ impl ZonePicker {
             return if all.is_empty() {
                 Err(no_zones())
             } else {
-                Ok(self.rotate(&all))
+                Ok(by_name(name, &all))
             };
         };
         if let Some(zone) = r.preferred.iter().filter_map(zone_id_of).find_map(name_of) {
@@ -126,7 +130,7 @@ impl ZonePicker {
         if candidates.is_empty() {
             return Err(no_zones());
         }
-        Ok(self.rotate(&candidates))
+        Ok(by_name(name, &candidates))
     }
 
     /// The region's available zones, listed once.
@@ -147,8 +151,11 @@ impl ZonePicker {
     pub async fn zone<E: Ec2>(&self, ec2: &E, name: &str) -> Result<Option<Zone>, Ec2Error> {
         Ok(self.region_zones(ec2).await?.iter().find(|z| z.name == name).cloned())
     }
+}
 
-    fn rotate(&self, zones: &[String]) -> String {
-        zones[self.next.fetch_add(1, Ordering::Relaxed) % zones.len()].clone()
-    }
+/// One of `zones` (not empty), chosen by the SHA-256 of the volume's name.
+fn by_name(name: &str, zones: &[String]) -> String {
+    let digest = Sha256::digest(name.as_bytes());
+    let index = digest.iter().fold(0usize, |acc, b| (acc * 256 + usize::from(*b)) % zones.len());
+    zones[index].clone()
 }

@@ -263,7 +263,7 @@ impl<E: Ec2> ControllerService<E> {
             }
             None => {
                 self.zones
-                    .pick(r.accessibility_requirements.as_ref(), self.ec2.as_ref())
+                    .pick(name, r.accessibility_requirements.as_ref(), self.ec2.as_ref())
                     .await?
             }
         };
@@ -293,8 +293,8 @@ impl<E: Ec2> ControllerService<E> {
             tags: volume_tags,
             client_token: self.tokens.token(name),
         };
-        let volume = match self.describe.volumes_by_name.get(name).await? {
-            Some(v) if matches_request(&v, &input) => v,
+        let (volume, made_here) = match self.describe.volumes_by_name.get(name).await? {
+            Some(v) if matches_request(&v, &input) => (v, false),
             Some(v) => {
                 return Err(ControllerError::AlreadyExists(format!(
                     "volume {} named {name} exists with other parameters",
@@ -302,7 +302,7 @@ impl<E: Ec2> ControllerService<E> {
                 )));
             }
             None => match self.create_or_copy(source.as_ref(), input).await {
-                Ok(v) => v,
+                Ok(v) => (v, true),
                 Err(Ec2Error::IdempotentParameterMismatch(m)) => {
                     self.tokens.rotate(name);
                     return Err(ControllerError::AlreadyExists(format!(
@@ -312,8 +312,8 @@ impl<E: Ec2> ControllerService<E> {
                 Err(e) => return Err(e.into()),
             },
         };
-        tracing::info!(volume_id = %volume.id, name, zone = %volume.zone, size_gib, "volume created");
-        let volume = self.wait_available(volume).await?;
+        tracing::info!(volume_id = %volume.id, name, zone = %volume.zone, size_gib, made_here, "volume created");
+        let volume = self.wait_usable(name, volume, made_here).await?;
         let mut context = p.format.to_context();
         if let Some(fs) = p.fs_type {
             context.insert("csi.storage.k8s.io/fstype".to_owned(), fs.name().to_owned());
@@ -345,38 +345,59 @@ impl<E: Ec2> ControllerService<E> {
         }
     }
 
-    /// Waits for `available`; a volume that fails is deleted and reported.
-    async fn wait_available(&self, volume: Volume) -> Result<Volume, ControllerError> {
-        if volume.state == VolumeState::Available {
+    /// Waits until EC2 describes the volume `available`, or `in-use` (a
+    /// repeated CreateVolume for a volume a pod already uses: the Go
+    /// driver's v1.58 accepts it too).
+    ///
+    /// EC2 answers CreateVolume with the volume `creating`, and its API is
+    /// eventually consistent (Amazon EC2 Developer Guide, "Eventual
+    /// consistency in the Amazon EC2 API"): the new volume may be missing
+    /// from DescribeVolumes for a while. Missing is looked at again, like
+    /// `creating`, until the create timeout.
+    ///
+    /// The controller deletes a volume only when a DeleteVolume RPC names
+    /// it, with one exception: a volume this call's CreateVolume or
+    /// CopyVolumes answered with (`made_here`) that EC2 then reports in
+    /// state `error` — the creation failed, it never held data, and the
+    /// name's next attempt takes a new client token.
+    ///
+    /// # Errors
+    /// UNAVAILABLE at the create timeout (the CO's retry finds the volume
+    /// by name, or EC2 returns it for the same client token); INTERNAL for
+    /// a volume in `error`, `deleting` or `deleted`.
+    async fn wait_usable(&self, name: &str, volume: Volume, made_here: bool) -> Result<Volume, ControllerError> {
+        if matches!(volume.state, VolumeState::Available | VolumeState::InUse) {
             return Ok(volume);
         }
         let id = volume.id.clone();
-        let result = wait::until(
-            &format!("volume {id} to become available"),
+        let ended = wait::until(
+            &format!("volume {id} to become available (still creating, or not yet visible to DescribeVolumes)"),
             self.settings.create_timeout,
             self.cadence(),
             || async {
                 Ok(match self.describe.volumes.get(&id).await? {
-                    Some(v) if v.state == VolumeState::Available => Look::Done(v),
+                    Some(v) if matches!(v.state, VolumeState::Available | VolumeState::InUse) => Look::Done(Ok(v)),
+                    None => Look::Again,
                     Some(v) if v.state == VolumeState::Creating => Look::Again,
-                    Some(v) => Look::Fail(ControllerError::Internal(format!(
-                        "volume {id} went to state {:?} while creating",
-                        v.state
-                    ))),
-                    None => Look::Fail(ControllerError::Internal(format!(
-                        "volume {id} disappeared while creating"
-                    ))),
+                    Some(v) => Look::Done(Err(v.state)),
                 })
             },
         )
-        .await;
-        if let Err(ControllerError::Internal(reason)) = &result {
-            tracing::error!(volume_id = %id, %reason, "creation failed; deleting the volume");
+        .await?;
+        let state = match ended {
+            Ok(v) => return Ok(v),
+            Err(state) => state,
+        };
+        if state == VolumeState::Error && made_here {
+            tracing::error!(volume_id = %id, name, "EC2 failed to create the volume; deleting it");
+            self.tokens.rotate(name);
             if let Err(e) = self.ec2.delete_volume(&id).await {
                 tracing::error!(volume_id = %id, error = %e, "could not delete the failed volume");
             }
         }
-        result
+        Err(ControllerError::Internal(format!(
+            "volume {id} went to state {state:?} while creating"
+        )))
     }
 
     pub(super) async fn delete(&self, r: DeleteVolumeRequest) -> Result<DeleteVolumeResponse, ControllerError> {
