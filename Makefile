@@ -53,7 +53,7 @@ TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
-.PHONY: all build test demo bench bench-smoke crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper \
+.PHONY: all build test demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper \
 	install install-files static image image-deps validate-deploy vm vm-deps
 
 all: build
@@ -164,6 +164,14 @@ fuzz-tools:
 crash: deps
 	$(CARGO) build --workspace --bins
 	EBS_CSI_CRASH_RUNS=100 $(CARGO) test -p ebs-csi-tests --test helper_crash -- --nocapture
+
+## chaos: 300 volume lifecycles through the controller while EC2 (serve.py)
+## lags, fails and drops calls and the controller is SIGKILLed (make test
+## runs 16). EBS_CSI_CHAOS_SEED=N replays a run's faults and kills.
+chaos: deps moto
+	$(CARGO) build --workspace --bins
+	EBS_CSI_CHAOS_LIFECYCLES=$${EBS_CSI_CHAOS_LIFECYCLES:-300} \
+	  $(CARGO) test -p ebs-csi-tests --test chaos -- --nocapture
 
 ## fuzz: fuzz the helper's frame decoder and request validation for 10 minutes.
 fuzz: fuzz-tools

@@ -352,13 +352,16 @@ def listed(value):
     return value if isinstance(value, list) else [value]
 
 
-def condition_holds(operator, values, tags):
+def condition_holds(operator, values, tags, request_tags):
     # IAM: a key absent from the request context never matches StringEquals
     # or StringLike; several values match if any does (IAM JSON policy
-    # reference, "Condition operators").
+    # reference, "Condition operators"). aws:RequestTag/K is a tag the
+    # request sets (a CreateVolume's TagSpecification), aws:ResourceTag/K
+    # one the resource has.
     for key, expected in values.items():
-        name = key.split("/", 1)[1] if key.startswith(("aws:ResourceTag/", "ec2:ResourceTag/")) else None
-        actual = tags.get(name) if name else None
+        kind, _, name = key.partition("/")
+        source = {"aws:ResourceTag": tags, "ec2:ResourceTag": tags, "aws:RequestTag": request_tags}.get(kind, {})
+        actual = source.get(name)
         if operator not in ("StringEquals", "StringLike") or actual is None:
             return False
         matches = fnmatch.fnmatchcase if operator == "StringLike" else str.__eq__
@@ -367,15 +370,30 @@ def condition_holds(operator, values, tags):
     return True
 
 
-def allows(statements, action, tags):
+def allows(statements, action, tags, request_tags=None):
     arn = "arn:aws:ec2:us-east-1:111122223333:volume/vol-0123456789abcdef0"
     return any(
         s["Effect"] == "Allow"
         and f"ec2:{action}" in listed(s["Action"])
         and any(fnmatch.fnmatchcase(arn, r) for r in listed(s["Resource"]))
-        and all(condition_holds(op, values, tags) for op, values in s.get("Condition", {}).items())
+        and all(condition_holds(op, values, tags, request_tags or {}) for op, values in s.get("Condition", {}).items())
         for s in statements
     )
+
+
+def check_iam_allows_the_iops_dry_run():
+    """The dry-run CreateVolume that finds a zone's IOPS maximum is, to IAM,
+    a CreateVolume (a dry run is authorized as the request itself: EC2 API
+    Reference, "DryRun"): with the tags every volume of the controller
+    carries (controller/src/tags.rs `common`; the dry run sends the
+    volume's, tests/tests/controller_moto.rs checks that over the wire) the
+    policy allows it, without them it does not."""
+    policy = json.loads((DEPLOY / "iam-policy.json").read_text())["Statement"]
+    tagged = {"ebs.csi.aws.com/cluster": "true", "CSIVolumeName": "pvc-1"}
+    if not allows(policy, "CreateVolume", {}, tagged):
+        fail("iam-policy.json", f"denies the IOPS dry run, a CreateVolume with the tags {tagged}")
+    if allows(policy, "CreateVolume", {}, {}):
+        fail("iam-policy.json", "allows CreateVolume without the tag ebs.csi.aws.com/cluster=true")
 
 
 def check_iam_covers_the_controller():
@@ -392,6 +410,7 @@ def check_iam_covers_the_controller():
 
 def check_iam():
     check_iam_covers_the_controller()
+    check_iam_allows_the_iops_dry_run()
     base = json.loads((DEPLOY / "iam-policy.json").read_text())["Statement"]
     for name, expected in ALLOWED.items():
         statements = base if name == "iam-policy.json" else base + json.loads((DEPLOY / name).read_text())["Statement"]
@@ -573,6 +592,10 @@ BREAKS = [
      "names driver"),
     ("iam-policy.json", '"ec2:DetachVolume",\n        "ec2:DeleteVolume"', '"ec2:DetachVolume"', "denies DeleteVolume on a volume of ebs-csi"),
     ("iam-policy.json", '        "ec2:LockSnapshot",\n', "", "does not grant ec2:LockSnapshot"),
+    ("iam-policy.json", '"aws:RequestTag/ebs.csi.aws.com/cluster": "true"', '"aws:RequestTag/ebs.csi.aws.com/cluster": "yes"',
+     "denies the IOPS dry run"),
+    ("iam-policy.json", '{"StringEquals": {"aws:RequestTag/ebs.csi.aws.com/cluster": "true"}}', '{}',
+     "allows CreateVolume without the tag"),
     ("iam-policy-migration.json", '"ec2:ModifyVolume"]', '"ec2:ModifyVolume", "ec2:DeleteVolume"]',
      "allows DeleteVolume on a volume of static"),
     ("iam-policy-migration.json", "kubernetes.io/created-for/pvc/name", "kubernetes.io/created-for/pv/name",

@@ -16,6 +16,7 @@ mod statistics;
 mod stats;
 
 use ebs_csi_proto::endpoint::LoggingFormat;
+use ebs_csi_proto::go_flags::GoDriverFlags;
 use ebs_csi_proto::metrics_http::{self, MetricsFlags};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -95,6 +96,9 @@ struct Args {
     /// Prometheus metrics: EBS performance statistics of the node's volumes.
     #[command(flatten)]
     metrics: MetricsFlags,
+    /// klog's and other flags of the Go driver's manifests, ignored.
+    #[command(flatten)]
+    go_driver: GoDriverFlags,
     /// Log format: `text` (plain lines) or `json` (one object per line).
     #[arg(long, default_value = "text", value_parser = LoggingFormat::parse)]
     logging_format: LoggingFormat,
@@ -130,6 +134,7 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     ebs_csi_proto::endpoint::init_logging(args.logging_format, args.v, &[]);
+    args.go_driver.warn();
     match &args.command {
         Some(Command::Devices) => {
             print!("{}", devices::table(&devices::list(&args.sys_dir, &args.dev_dir)));

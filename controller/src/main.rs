@@ -8,9 +8,11 @@ mod metrics;
 mod parameters;
 mod service;
 mod tags;
+mod template;
 mod volume_type;
 
 use ebs_csi_proto::endpoint::LoggingFormat;
+use ebs_csi_proto::go_flags::GoDriverFlags;
 use ebs_csi_proto::metrics_http::{self, MetricsFlags};
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,6 +80,9 @@ struct Args {
     aws_sdk_debug_log: bool,
     #[command(flatten)]
     metrics: MetricsFlags,
+    /// klog's and other flags of the Go driver's manifests, ignored.
+    #[command(flatten)]
+    go_driver: GoDriverFlags,
 }
 
 /// Parses `2s`, `500ms` or a number of seconds.
@@ -104,6 +109,7 @@ async fn main() -> anyhow::Result<()> {
         &[]
     };
     ebs_csi_proto::endpoint::init_logging(args.logging_format, args.v, sdk_debug);
+    args.go_driver.warn();
     let socket = endpoint::socket_path(&args.endpoint)?;
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
     if let Some(region) = args.region {

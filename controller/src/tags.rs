@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use crate::ec2::Tags;
 use crate::error::ControllerError;
+use crate::template;
 
 /// Holds the CSI volume name: the idempotency key of CreateVolume.
 pub const VOLUME_NAME: &str = "CSIVolumeName";
@@ -65,41 +66,21 @@ pub fn check_key(key: &str) -> Result<(), ControllerError> {
     Ok(())
 }
 
-/// Parses a `tagSpecification_N` value `key=value`, expanding Go-template
-/// fields such as `{{ .PVCName }}` from `fields`.
+/// Parses a `tagSpecification_N` value `key=value`: as the Go driver
+/// (`pkg/util/template/template.go`), split at the first `=`, the value
+/// then expanded as a template ([`template::expand`]: fields such as
+/// `{{ .PVCName }}`, the driver's functions and pipelines) with `fields`.
 ///
 /// # Errors
-/// INVALID_ARGUMENT for a value without `=`, an unknown template field, an
-/// unclosed `{{`, or a reserved key.
+/// INVALID_ARGUMENT for a value without `=`, a template that cannot be
+/// expanded, or a reserved key.
 pub fn parse_specification(value: &str, fields: &HashMap<&str, String>) -> Result<(String, String), ControllerError> {
-    let expanded = expand(value, fields)?;
-    let (key, value) = expanded
+    let (key, value) = value
         .split_once('=')
         .ok_or_else(|| ControllerError::InvalidArgument(format!("tag specification {value:?} is not key=value")))?;
     check_key(key)?;
-    Ok((key.to_owned(), value.to_owned()))
-}
-
-fn expand(text: &str, fields: &HashMap<&str, String>) -> Result<String, ControllerError> {
-    let invalid = |m: String| ControllerError::InvalidArgument(m);
-    let mut out = String::new();
-    let mut rest = text;
-    while let Some(start) = rest.find("{{") {
-        out.push_str(&rest[..start]);
-        let end = rest[start..]
-            .find("}}")
-            .ok_or_else(|| invalid(format!("unclosed template in {text:?}")))?;
-        let field = rest[start + 2..start + end].trim();
-        let name = field.strip_prefix('.').unwrap_or(field);
-        out.push_str(
-            fields
-                .get(name)
-                .ok_or_else(|| invalid(format!("unknown template field {field:?} in {text:?}")))?,
-        );
-        rest = &rest[start + end + 2..];
-    }
-    out.push_str(rest);
-    Ok(out)
+    let value = template::expand(value, fields).map_err(|e| ControllerError::InvalidArgument(e.to_string()))?;
+    Ok((key.to_owned(), value))
 }
 
 /// The tags of every resource the driver creates, named `name` (the CSI

@@ -2,6 +2,7 @@
 to the situations the controller must survive, each as EC2 gives it.
 
 Usage: serve.py PORT [--seed N] [--lag S] [--create S] [--attach S] [--detach S]
+                    [--faults FRACTION]
 
 Everything is moto (moto[server], PyPI) behind one WSGI middleware, served
 by werkzeug as moto_server serves it, with EC2's timing and consistency
@@ -29,6 +30,13 @@ by werkzeug as moto_server serves it, with EC2's timing and consistency
   calls of its action (all actions for `throttle`), from FAULTS below;
   GET /_faults/<name> answers how many are left to fire.
 
+- with --faults, answers that fraction of EC2 calls with one of CHAOS
+  below, chosen by the seed and the request (its body and how many times
+  the same body came before), so a run with the same seed meets the same
+  faults at the same calls;
+- GET /_history answers, as JSON, every volume and snapshot EC2 calls
+  made, each with its tags and whether it was deleted, and every
+  attachment there is: what a chaos run checks its invariants against;
 - makes CreateVolume idempotent by its ClientToken, as EC2 does (EC2 API
   Reference, CreateVolume, ClientToken; "Ensuring idempotency"): a repeat
   with the same parameters answers the volume the first call made, one
@@ -60,7 +68,10 @@ in seconds) times a factor drawn from 0.5-1.5 by a generator seeded with
 """
 
 import argparse
+import hashlib
+import json
 import random
+import socket
 
 import datetime
 import io
@@ -105,6 +116,22 @@ FAULTS = {
         "The request uses the same client token as a previous, but non-identical request.",
     ),
 }
+
+# What --faults answers with, each as likely: (name, HTTP status, EC2 code,
+# message) or a way of answering. EC2 API Reference, "Error codes":
+# InternalError (500) "An internal error has occurred", Unavailable (503)
+# "The server is overloaded and can't handle the request",
+# RequestLimitExceeded (503); and what a network does: an answer seconds
+# late, a connection dropped before the call reached EC2, and one dropped
+# after EC2 did what it asked (the answer lost).
+CHAOS = (
+    ("internal", 500, "InternalError", "An internal error has occurred."),
+    ("unavailable", 503, "Unavailable", "The server is overloaded and can't handle the request."),
+    ("throttle", 503, "RequestLimitExceeded", "Request limit exceeded."),
+    ("slow", None, None, None),
+    ("drop-before", None, None, None),
+    ("drop-after", None, None, None),
+)
 
 # Request throttling for the Amazon EC2 API, tables "Request token bucket
 # sizes and refill rates" and "Uncategorized actions": (capacity, refill
@@ -224,6 +251,7 @@ def create_volume(self, *args, **kwargs):
     if getattr(timeline.serving, "action", None) not in ("CreateVolume", "CopyVolumes"):
         return volume
     with timeline.lock:
+        history["volumes"][volume.id] = volume
         timeline.visible_at[volume.id] = timeline.after(timeline.lag)
         timeline.available_at[volume.id] = timeline.after(timeline.create)
     return volume
@@ -253,8 +281,10 @@ def delete_volume(self, volume_id):
     volume = get_volume(self, volume_id)
     if volume.attachment:
         raise VolumeInUseError(volume_id, volume.attachment.instance.id)
+    tags = resource_tags(volume)
     volume = BACKEND["delete_volume"](self, volume_id)
     with timeline.lock:
+        history["deleted"][volume_id] = tags
         timeline.deleted[volume_id] = (volume, timeline.after(timeline.lag))
     return volume
 
@@ -291,6 +321,7 @@ def create_snapshot(self, volume_id, *args, **kwargs):
     if getattr(timeline.serving, "action", None) != "CreateSnapshot":
         return snapshot
     with timeline.lock:
+        history["snapshots"][snapshot.id] = snapshot
         timeline.visible_at[snapshot.id] = timeline.after(timeline.lag)
     return snapshot
 
@@ -308,8 +339,43 @@ def describe_snapshots(self, snapshot_ids=None, filters=None):
 
 
 def delete_snapshot(self, snapshot_id):
-    get_snapshot(self, snapshot_id)
-    return BACKEND["delete_snapshot"](self, snapshot_id)
+    tags = resource_tags(get_snapshot(self, snapshot_id))
+    snapshot = BACKEND["delete_snapshot"](self, snapshot_id)
+    with timeline.lock:
+        history["deleted"][snapshot_id] = tags
+    return snapshot
+
+
+def resource_tags(resource):
+    return {t["key"]: t["value"] for t in resource.get_tags()}
+
+
+# Every volume and snapshot EC2 calls made (moto's objects), those deleted
+# since with the tags they had, and how many EC2 calls came.
+history = {"volumes": {}, "snapshots": {}, "deleted": {}, "calls": 0}
+
+
+def history_json():
+    """GET /_history: {"volumes": [{"id", "tags", "deleted", "attachment"}],
+    "snapshots": [{"id", "volume_id", "tags", "deleted"}], "calls": N}."""
+    def tags(resource):
+        return history["deleted"].get(resource.id) or resource_tags(resource)
+
+    with timeline.lock:
+        volumes = [
+            {
+                "id": i,
+                "tags": tags(v),
+                "deleted": i in history["deleted"],
+                "attachment": v.attachment.instance.id if v.attachment else None,
+            }
+            for i, v in history["volumes"].items()
+        ]
+        snapshots = [
+            {"id": i, "volume_id": s.volume.id, "tags": tags(s), "deleted": i in history["deleted"]}
+            for i, s in history["snapshots"].items()
+        ]
+    return json.dumps({"volumes": volumes, "snapshots": snapshots, "calls": history["calls"]}).encode()
 
 
 def keep_time(seed, lag, create, attach, detach):
@@ -614,6 +680,10 @@ def middleware(app):
                 armed[name] = count
             start_response("204 No Content", [])
             return []
+        if path == "/_history":
+            body = history_json()
+            start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
         if path == "/_request-limits":
             with lock:
                 if environ["REQUEST_METHOD"] == "POST":
@@ -644,30 +714,87 @@ def middleware(app):
                     return error(start_response, status, code, message.format(**fields))
             if limits and action and not within_limits(action, params):
                 return error(start_response, *FAULTS["throttle"][1:])
-        # The backend of the request's account and Region is made (and
-        # moto's own AMIs with their volumes) before the action is served.
-        account = environ.get("HTTP_X_MOTO_ACCOUNT_ID", DEFAULT_ACCOUNT_ID)
-        ec2_backends[account][region_of(environ)]
-        timeline.serving.action = action
-        if action in ANSWERED_HERE:
-            recorder._record_request(Served(environ), body)
-        if action == "CopyVolumes":
-            return copy_volumes(app, environ, start_response, params)
-        if action == "CreateVolume" and params.get("ClientToken") and params.get("DryRun") != ["true"]:
-            return create_volume_once(app, environ, start_response, params, body)
-        if action == "EnableFastSnapshotRestores":
-            return enable_fast_snapshot_restores(environ, start_response, params)
-        if action == "DescribeFastSnapshotRestores":
-            return describe_fast_snapshot_restores(start_response)
-        if action == "DescribeVolumeStatus":
-            return describe_volume_status(environ, start_response, params)
-        if action == "LockSnapshot":
-            return lock_snapshot(environ, start_response, params)
-        if action == "DescribeLockedSnapshots":
-            return describe_locked_snapshots(start_response)
-        return app(environ, start_response)
+            fault = chaos.draw(body) if action else None
+            history["calls"] += bool(action)
+        if fault == "drop-after":
+            b"".join(action_answer(app, environ, lambda *_: None, action, params, body))
+        if fault in ("drop-before", "drop-after"):
+            return drop(environ)
+        if fault == "slow":
+            time.sleep(chaos.slow_seconds(body))
+        elif fault:
+            return error(start_response, *fault)
+        return action_answer(app, environ, start_response, action, params, body)
 
     return serve
+
+
+def action_answer(app, environ, start_response, action, params, body):
+    """Serves an EC2 action: here, or by moto."""
+    # The backend of the request's account and Region is made (and moto's
+    # own AMIs with their volumes) before the action is served.
+    account = environ.get("HTTP_X_MOTO_ACCOUNT_ID", DEFAULT_ACCOUNT_ID)
+    ec2_backends[account][region_of(environ)]
+    timeline.serving.action = action
+    if action in ANSWERED_HERE:
+        recorder._record_request(Served(environ), body)
+    if action == "CopyVolumes":
+        return copy_volumes(app, environ, start_response, params)
+    if action == "CreateVolume" and params.get("ClientToken") and params.get("DryRun") != ["true"]:
+        return create_volume_once(app, environ, start_response, params, body)
+    if action == "EnableFastSnapshotRestores":
+        return enable_fast_snapshot_restores(environ, start_response, params)
+    if action == "DescribeFastSnapshotRestores":
+        return describe_fast_snapshot_restores(start_response)
+    if action == "DescribeVolumeStatus":
+        return describe_volume_status(environ, start_response, params)
+    if action == "LockSnapshot":
+        return lock_snapshot(environ, start_response, params)
+    if action == "DescribeLockedSnapshots":
+        return describe_locked_snapshots(start_response)
+    return app(environ, start_response)
+
+
+    return serve
+
+
+class Chaos:
+    """--faults: which calls meet which fault (CHAOS), decided by the seed
+    and the request alone."""
+
+    def __init__(self, seed, fraction):
+        self.seed, self.fraction = seed, fraction
+        self.seen = {}
+
+    def rng(self, body, salt):
+        digest = hashlib.sha256(body).hexdigest()
+        n = self.seen.get(digest, 0)
+        return random.Random(f"{self.seed}:{digest}:{n}:{salt}")
+
+    def draw(self, body):
+        """The fault for this request (None for most); call once per request."""
+        rng = self.rng(body, "draw")
+        digest = hashlib.sha256(body).hexdigest()
+        self.seen[digest] = self.seen.get(digest, 0) + 1
+        if rng.random() >= self.fraction:
+            return None
+        name, *answer = rng.choice(CHAOS)
+        return tuple(answer) if answer[0] else name
+
+    def slow_seconds(self, body):
+        return 0.5 + 2.5 * self.rng(body, "slow").random()
+
+
+chaos = Chaos(0, 0.0)
+
+
+def drop(environ):
+    """Closes the connection without an answer, as a network that drops it."""
+    connection = environ.get("werkzeug.socket")
+    if connection is not None:
+        connection.shutdown(socket.SHUT_RDWR)
+        connection.close()
+    raise ConnectionAbortedError("dropped by --faults")
 
 
 def main():
@@ -678,7 +805,10 @@ def main():
     parser.add_argument("--create", type=float, default=0.5, help="seconds a volume is `creating`")
     parser.add_argument("--attach", type=float, default=0.5, help="seconds an attachment is `attaching`")
     parser.add_argument("--detach", type=float, default=0.5, help="seconds an attachment is `detaching`")
+    parser.add_argument("--faults", type=float, default=0.0, help="fraction of EC2 calls answered with a fault")
     args = parser.parse_args()
+    global chaos
+    chaos = Chaos(args.seed, args.faults)
     print(f"serve.py: seed {args.seed}", file=sys.stderr, flush=True)
     keep_time(args.seed, args.lag, args.create, args.attach, args.detach)
     app = DomainDispatcherApplication(create_backend_app)

@@ -25,6 +25,7 @@ use tonic::transport::{Channel, Endpoint};
 
 pub mod attach_sim;
 pub mod bench;
+pub mod chaos;
 pub mod children;
 pub mod exec_gate;
 pub mod guest;
@@ -280,6 +281,13 @@ impl Process {
     /// The process's stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, as the kernel's OOM killer or a node's power failure
+    /// ends a process: no chance to clean up. Waits until it is gone.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

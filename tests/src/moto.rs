@@ -38,19 +38,18 @@ impl Moto {
     /// `--create`, …). The seed of its timing is `EBS_CSI_EC2_SEED` or a
     /// random one, printed (a failed test shows it; set it to replay).
     pub fn start_with(args: &[&str]) -> Self {
-        let seed = std::env::var("EBS_CSI_EC2_SEED")
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok())
-            .unwrap_or_else(|| {
-                u64::from(std::process::id())
-                    ^ u64::from(
-                        std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .unwrap_or_default()
-                            .subsec_nanos(),
-                    )
-            });
+        let seed = std::env::var("EBS_CSI_EC2_SEED").unwrap_or_else(|_| {
+            let clock = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            (u64::from(std::process::id()) ^ u64::from(clock.subsec_nanos())).to_string()
+        });
         eprintln!("moto: EBS_CSI_EC2_SEED={seed}");
+        Self::start_seeded(&seed, args)
+    }
+
+    /// [`Moto::start_with`] with serve.py's timing seeded by `seed`.
+    pub fn start_seeded(seed: &str, args: &[&str]) -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("free port")
@@ -62,7 +61,7 @@ impl Moto {
         let child = Command::new(crate::venv_program("python"))
             .arg(crate::repository().join("tests/ec2/serve.py"))
             .arg(port.to_string())
-            .args(["--seed", &seed.to_string()])
+            .args(["--seed", seed])
             .args(args)
             .current_dir(dir.path())
             .stdout(Stdio::null())
@@ -188,6 +187,12 @@ impl Moto {
     /// Stops recording and counts the recorded requests whose body names
     /// an action starting with `prefix` (e.g. `Describe`).
     pub fn recorded(&self, prefix: &str) -> usize {
+        self.recorded_bodies(prefix).len()
+    }
+
+    /// Stops recording and returns the bodies (form-encoded, as sent) of
+    /// the recorded requests whose action starts with `prefix`.
+    pub fn recorded_bodies(&self, prefix: &str) -> Vec<String> {
         self.http("POST", "/moto-api/recorder/stop-recording", "")
             .expect("stop recording");
         let log = self
@@ -196,7 +201,7 @@ impl Moto {
         log.lines()
             .filter_map(|line| line.split("\"body\": \"").nth(1)?.split('"').next().map(base64_decode))
             .filter(|body| body.starts_with(&format!("Action={prefix}")))
-            .count()
+            .collect()
     }
 }
 
@@ -304,6 +309,10 @@ impl Controller {
     }
 
     fn launch(dir: &Path, args: &[&str], env: impl FnOnce(&mut Command)) -> Self {
+        Self::launch_logging_to(dir, args, env, "controller.log")
+    }
+
+    fn launch_logging_to(dir: &Path, args: &[&str], env: impl FnOnce(&mut Command), log: &str) -> Self {
         let socket = dir.join("controller.sock");
         let mut command = Command::new(binary("ebs-csi-controller"));
         command
@@ -311,8 +320,16 @@ impl Controller {
             .arg(format!("unix://{}", socket.display()))
             .args(args);
         env(&mut command);
-        let process = spawn("controller", command, dir.join("controller.log"), &socket);
+        let process = spawn("controller", command, dir.join(log), &socket);
         Self { socket, process }
+    }
+
+    /// SIGKILLs the controller started by [`Controller::start_in`] with
+    /// these arguments and starts it again, its stderr now in `log` (in
+    /// `dir`).
+    pub fn kill_and_restart(&mut self, dir: &Path, endpoint: &str, region: &str, args: &[&str], log: &str) {
+        self.process.kill();
+        *self = Self::launch_logging_to(dir, args, |command| aws_env(command, endpoint, region), log);
     }
 
     /// A CSI Controller client.

@@ -117,6 +117,11 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
         "team=storage",
         "--http-endpoint",
         "127.0.0.1:0",
+        // klog's flags, which the Go driver's manifests pass.
+        "--logtostderr",
+        "--v=2",
+        "--log_file_max_size",
+        "1800",
     ])
     .await;
     let metrics_address = metrics_address(&controller);
@@ -128,6 +133,12 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
             ("csi.storage.k8s.io/fstype", "xfs"),
             ("blockSize", "4096"),
             ("tagSpecification_1", "app=shop"),
+            // The Go driver's template functions (its docs/tagging.md).
+            (
+                "tagSpecification_2",
+                r#"cost-center={{ .PVCNamespace | field "-" 0 | toUpper }}"#,
+            ),
+            ("csi.storage.k8s.io/pvc/namespace", "payments-prod"),
         ],
     );
     let volume = created(&mut client, request.clone()).await;
@@ -157,6 +168,13 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
     };
     assert_eq!((lines("INFO"), lines("WARN")), (2, 1), "{log}");
     assert!(log.contains("code=AlreadyExists"), "{log}");
+    for flag in ["--logtostderr=true", "--log_file_max_size=1800"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("WARN") && l.contains(&format!(r#"flag="{flag}""#))),
+            "no warning for {flag}:\n{log}"
+        );
+    }
     // Tags, as EC2 stores them.
     let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
     assert_tags(
@@ -170,6 +188,7 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
             ("ebs.csi.aws.com/cluster-name", "test-cluster"),
             ("team", "storage"),
             ("app", "shop"),
+            ("cost-center", "PAYMENTS"),
         ],
     );
     assert_eq!(xml_values(&xml, "volumeType"), vec!["gp3"]);
@@ -1119,14 +1138,35 @@ async fn ec2s_own_answers_are_survived_over_the_wire() {
     assert_eq!(again.volume_id, clone.volume_id, "a repeat finds the clone");
 
     // The zone's IOPS maximum from a dry run's refusal caps what the class
-    // asks; a second volume uses the maximum found, with no dry run.
+    // asks; a second volume uses the maximum found, with no dry run. The
+    // dry run carries the volume's tags, which the IAM policy requires of
+    // every CreateVolume (deploy/validate.py evaluates it).
     moto.fault("iops-maximum", 2);
+    moto.start_recording();
     for name in ["pvc-capped", "pvc-capped-again"] {
         let capped = created(&mut client, create_request(name, 100, &[("iops", "20000")])).await;
         let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &capped.volume_id)]);
         assert_eq!(xml_values(&xml, "iops"), vec!["16000"]);
     }
     assert_eq!(moto.fault_left("iops-maximum"), 1, "one dry run for the zone and type");
+    let dry_runs: Vec<String> = moto
+        .recorded_bodies("CreateVolume")
+        .into_iter()
+        .filter(|body| body.contains("DryRun=true"))
+        .collect();
+    assert_eq!(dry_runs.len(), 1, "{dry_runs:?}");
+    for tag in [
+        "Key=ebs.csi.aws.com%2Fcluster",
+        "Value=true",
+        "Key=CSIVolumeName",
+        "Value=pvc-capped",
+    ] {
+        assert!(
+            dry_runs[0].contains(tag),
+            "{tag} missing from the dry run {}",
+            dry_runs[0]
+        );
+    }
 
     let address = metrics_address(&controller);
     let curl = |url: &str| {

@@ -746,7 +746,18 @@ async fn volumes_that_cannot_exist_are_not_found() {
     let agent = Agent::spawn_in(
         &json_dir,
         &node._helper.socket,
-        &[&Agent::NODE_FLAGS[..], &["--logging-format", "json"]].concat(),
+        // With flags of the Go driver's manifests: accepted, warned about.
+        &[
+            &Agent::NODE_FLAGS[..],
+            &[
+                "--logging-format",
+                "json",
+                "--logtostderr",
+                "--kubeconfig",
+                "/root/.kube/config",
+            ],
+        ]
+        .concat(),
         &[],
     );
     let mut client = agent.node().await;
@@ -772,6 +783,13 @@ async fn volumes_that_cannot_exist_are_not_found() {
         object["fields"]["latency_ms"].is_f64(),
         "the latency is not a number: {line}"
     );
+    for flag in ["--logtostderr=true", "--kubeconfig=/root/.kube/config"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains(r#""level":"WARN""#) && l.contains(&format!(r#""flag":"{flag}""#))),
+            "no warning for {flag}:\n{log}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -415,11 +415,15 @@ pub trait Ec2: Send + Sync + 'static {
     /// A `DryRun` CreateVolume of `volume_type` in `zone`, `size_gib` large,
     /// asking for more IOPS than any type has: the maximum EC2's refusal
     /// names ([`crate::volume_type::max_iops_in`]), `None` if it names none.
+    /// It carries `tags`, those of the volume it is for: IAM evaluates a
+    /// dry run as the request itself, and the policy in `deploy/` allows
+    /// CreateVolume only with `ebs.csi.aws.com/cluster=true` among them.
     fn max_iops(
         &self,
         volume_type: &str,
         zone: &str,
         size_gib: i32,
+        tags: &Tags,
     ) -> impl Future<Output = Result<Option<i32>, Ec2Error>> + Send;
     /// A `DryRun` call that proves the credentials and endpoint work.
     fn dry_run(&self) -> impl Future<Output = Result<(), Ec2Error>> + Send;

@@ -66,6 +66,13 @@ pub struct Behaviour {
     /// it every second"), and one that finds its bucket empty is answered
     /// `RequestLimitExceeded`.
     pub request_limits: bool,
+    /// The share of calls EC2 answers 500 `InternalError` (EC2 API
+    /// Reference, "Error codes"). The model plays the SDK's part too: its
+    /// standard retry sends such a call again after a backoff drawn from
+    /// 0–1 s, doubling per attempt, at most 3 attempts
+    /// (`RetryConfig::adaptive()`'s defaults in aws-smithy-types); the
+    /// third failure is the caller's `InternalError`.
+    pub server_errors: f64,
 }
 
 impl Default for Behaviour {
@@ -84,6 +91,7 @@ impl Default for Behaviour {
             refused_names: Vec::new(),
             encrypted_by_default: false,
             request_limits: false,
+            server_errors: 0.0,
         }
     }
 }
@@ -129,6 +137,7 @@ struct State {
     ebs_cards_asked: Vec<Option<i32>>,
     calls: HashMap<&'static str, usize>,
     throttled_calls: usize,
+    server_errors: usize,
     buckets: HashMap<&'static str, ServerBucket>,
     log: Vec<(Duration, bool)>,
     next_id: u64,
@@ -277,11 +286,56 @@ impl Model {
             .collect()
     }
 
+    /// The ids of the snapshots EC2 has now.
+    pub fn snapshots(&self) -> Vec<String> {
+        self.state().snapshots.keys().cloned().collect()
+    }
+
+    /// The tags of snapshot `id` (none if there is no such snapshot).
+    pub fn snapshot_tags(&self, id: &str) -> Tags {
+        self.state()
+            .snapshots
+            .get(id)
+            .map(|(s, _)| s.tags.clone())
+            .unwrap_or_default()
+    }
+
     /// The volume as EC2 has it now (not as a Describe call may show it).
     pub fn volume(&self, id: &str) -> Option<Volume> {
         let mut state = self.state();
         self.advance(&mut state);
         state.volumes.get(id).filter(|r| !r.deleted).map(|r| r.volume.clone())
+    }
+
+    /// [`Model::call`] through the SDK's retry of 500 answers
+    /// ([`Behaviour::server_errors`]).
+    async fn sdk_call(&self, api: &'static str) -> Result<std::sync::MutexGuard<'_, State>, Ec2Error> {
+        const ATTEMPTS: u32 = 3;
+        let share = self.behaviour.server_errors;
+        let mut attempt = 1;
+        loop {
+            let backoff = {
+                let mut state = self.call(api)?;
+                if share == 0.0 || state.rng.f64() >= share {
+                    return Ok(state);
+                }
+                state.server_errors += 1;
+                if attempt == ATTEMPTS {
+                    return Err(Ec2Error::Service {
+                        code: "InternalError".into(),
+                        message: "An internal error has occurred.".into(),
+                    });
+                }
+                Duration::from_secs_f64(state.rng.f64() * f64::from(1u32 << (attempt - 1)))
+            };
+            tokio::time::sleep(backoff).await;
+            attempt += 1;
+        }
+    }
+
+    /// How many calls were answered 500 `InternalError`.
+    pub fn server_errors(&self) -> usize {
+        self.state().server_errors
     }
 
     /// Counts a call and applies throttling.
@@ -366,7 +420,7 @@ fn matches(selector: &Selector, id: &str, tags: &Tags, volume_id: &str) -> bool 
 
 impl Ec2 for Model {
     async fn create_volume(&self, input: CreateVolumeInput) -> Result<Volume, Ec2Error> {
-        let mut state = self.call("CreateVolume")?;
+        let mut state = self.sdk_call("CreateVolume").await?;
         let request = CreateVolumeInput {
             client_token: String::new(),
             ..input.clone()
@@ -417,12 +471,18 @@ impl Ec2 for Model {
     }
 
     async fn copy_volume(&self, source_volume_id: &str, mut input: CreateVolumeInput) -> Result<Volume, Ec2Error> {
-        input.zone = self.call("CopyVolumes")?.live(source_volume_id)?.volume.zone.clone();
+        input.zone = self
+            .sdk_call("CopyVolumes")
+            .await?
+            .live(source_volume_id)?
+            .volume
+            .zone
+            .clone();
         self.create_volume(input).await
     }
 
     async fn describe_volume_status(&self, volume_id: &str) -> Result<Option<VolumeHealth>, Ec2Error> {
-        let mut state = self.call("DescribeVolumeStatus")?;
+        let mut state = self.sdk_call("DescribeVolumeStatus").await?;
         let impaired = self.behaviour.volumes_impaired;
         let initializing = self.behaviour.initializing;
         Ok(state.live(volume_id).is_ok().then(|| VolumeHealth {
@@ -436,7 +496,7 @@ impl Ec2 for Model {
     }
 
     async fn delete_volume(&self, volume_id: &str) -> Result<(), Ec2Error> {
-        let mut state = self.call("DeleteVolume")?;
+        let mut state = self.sdk_call("DeleteVolume").await?;
         if !state.live(volume_id)?.volume.attachments.is_empty() {
             return Err(Ec2Error::IncorrectState(format!("Volume {volume_id} is in use")));
         }
@@ -446,7 +506,7 @@ impl Ec2 for Model {
     }
 
     async fn describe_volumes(&self, selector: Selector) -> Result<Vec<Volume>, Ec2Error> {
-        let state = self.call("DescribeVolumes")?;
+        let state = self.sdk_call("DescribeVolumes").await?;
         let now = Instant::now();
         Ok(state
             .volumes
@@ -464,7 +524,7 @@ impl Ec2 for Model {
         device: &str,
         ebs_card: Option<i32>,
     ) -> Result<(), Ec2Error> {
-        let mut state = self.call("AttachVolume")?;
+        let mut state = self.sdk_call("AttachVolume").await?;
         if self.behaviour.refused_names.iter().any(|n| n == device) {
             return Err(Ec2Error::DeviceNameRefused(format!(
                 "Invalid value '{device}' for unixDevice. Attachment point {device} is already in use"
@@ -517,11 +577,13 @@ impl Ec2 for Model {
 
     /// `EbsInfo.MaximumEbsCards` as [`Behaviour::ebs_cards`] says.
     async fn ebs_cards(&self, _instance_type: &str) -> Result<Option<i32>, Ec2Error> {
-        self.call("DescribeInstanceTypes").map(|_| self.behaviour.ebs_cards)
+        self.sdk_call("DescribeInstanceTypes")
+            .await
+            .map(|_| self.behaviour.ebs_cards)
     }
 
     async fn detach_volume(&self, volume_id: &str, instance_id: &str) -> Result<(), Ec2Error> {
-        let mut state = self.call("DetachVolume")?;
+        let mut state = self.sdk_call("DetachVolume").await?;
         let volume = &state.live(volume_id)?.volume;
         // EC2's answers: a volume attached nowhere is `IncorrectState`
         // "Volume 'vol-…' is in the 'available' state." (the response
@@ -549,12 +611,12 @@ impl Ec2 for Model {
     }
 
     async fn describe_instances(&self, ids: Vec<String>) -> Result<Vec<Instance>, Ec2Error> {
-        let state = self.call("DescribeInstances")?;
+        let state = self.sdk_call("DescribeInstances").await?;
         Ok(ids.iter().filter_map(|id| state.instances.get(id).cloned()).collect())
     }
 
     async fn create_snapshot(&self, volume_id: &str, input: CreateSnapshotInput) -> Result<Snapshot, Ec2Error> {
-        let mut state = self.call("CreateSnapshot")?;
+        let mut state = self.sdk_call("CreateSnapshot").await?;
         let size_gib = state.live(volume_id)?.volume.size_gib;
         state.next_id += 1;
         let snapshot = Snapshot {
@@ -573,7 +635,7 @@ impl Ec2 for Model {
     }
 
     async fn lock_snapshot(&self, snapshot_id: &str, _lock: &SnapshotLock) -> Result<(), Ec2Error> {
-        let state = self.call("LockSnapshot")?;
+        let state = self.sdk_call("LockSnapshot").await?;
         let now = Instant::now();
         state
             .snapshots
@@ -588,11 +650,11 @@ impl Ec2 for Model {
         _snapshot_id: &str,
         _zones: &[String],
     ) -> Result<Vec<String>, Ec2Error> {
-        self.call("EnableFastSnapshotRestores").map(|_| Vec::new())
+        self.sdk_call("EnableFastSnapshotRestores").await.map(|_| Vec::new())
     }
 
     async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), Ec2Error> {
-        let mut state = self.call("DeleteSnapshot")?;
+        let mut state = self.sdk_call("DeleteSnapshot").await?;
         state
             .snapshots
             .remove(snapshot_id)
@@ -601,7 +663,7 @@ impl Ec2 for Model {
     }
 
     async fn describe_snapshots(&self, selector: Selector) -> Result<Vec<Snapshot>, Ec2Error> {
-        let state = self.call("DescribeSnapshots")?;
+        let state = self.sdk_call("DescribeSnapshots").await?;
         let now = Instant::now();
         Ok(state
             .snapshots
@@ -612,7 +674,7 @@ impl Ec2 for Model {
     }
 
     async fn modify_volume(&self, volume_id: &str, input: ModifyVolumeInput) -> Result<(), Ec2Error> {
-        let mut state = self.call("ModifyVolume")?;
+        let mut state = self.sdk_call("ModifyVolume").await?;
         if state.modifications.contains_key(volume_id) {
             return Err(Ec2Error::IncorrectState(format!(
                 "VolumeModificationRateExceeded: volume {volume_id} was modified in the last 6 hours"
@@ -636,7 +698,7 @@ impl Ec2 for Model {
     }
 
     async fn describe_volumes_modifications(&self, ids: Vec<String>) -> Result<Vec<Modification>, Ec2Error> {
-        let state = self.call("DescribeVolumesModifications")?;
+        let state = self.sdk_call("DescribeVolumesModifications").await?;
         let now = Instant::now();
         Ok(ids
             .iter()
@@ -647,7 +709,7 @@ impl Ec2 for Model {
     }
 
     async fn create_tags(&self, resource_id: &str, tags: Tags) -> Result<(), Ec2Error> {
-        let mut state = self.call("CreateTags")?;
+        let mut state = self.sdk_call("CreateTags").await?;
         state.live(resource_id)?;
         self.changing(&mut state, resource_id);
         state.live(resource_id)?.volume.tags.extend(tags);
@@ -655,7 +717,7 @@ impl Ec2 for Model {
     }
 
     async fn delete_tags(&self, resource_id: &str, keys: Vec<String>) -> Result<(), Ec2Error> {
-        let mut state = self.call("DeleteTags")?;
+        let mut state = self.sdk_call("DeleteTags").await?;
         state.live(resource_id)?;
         self.changing(&mut state, resource_id);
         state.live(resource_id)?.volume.tags.retain(|k, _| !keys.contains(k));
@@ -666,7 +728,7 @@ impl Ec2 for Model {
     /// Guide, "Availability Zone IDs": ids are the same in every account,
     /// names are mapped to them per account).
     async fn describe_availability_zones(&self) -> Result<Vec<Zone>, Ec2Error> {
-        drop(self.call("DescribeAvailabilityZones")?);
+        drop(self.sdk_call("DescribeAvailabilityZones").await?);
         let zone = |name: &str, id: &str| Zone {
             name: name.into(),
             id: id.into(),
@@ -680,12 +742,18 @@ impl Ec2 for Model {
 
     /// EC2 names no maximum here (as for a dry run that would succeed):
     /// the documented one stands.
-    async fn max_iops(&self, _volume_type: &str, _zone: &str, _size_gib: i32) -> Result<Option<i32>, Ec2Error> {
-        self.call("CreateVolume/DryRun").map(|_| None)
+    async fn max_iops(
+        &self,
+        _volume_type: &str,
+        _zone: &str,
+        _size_gib: i32,
+        _tags: &Tags,
+    ) -> Result<Option<i32>, Ec2Error> {
+        self.sdk_call("CreateVolume/DryRun").await.map(|_| None)
     }
 
     async fn dry_run(&self) -> Result<(), Ec2Error> {
-        self.call("DryRun").map(drop)
+        self.sdk_call("DryRun").await.map(drop)
     }
 }
 

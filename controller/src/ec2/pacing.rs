@@ -262,9 +262,17 @@ impl<E: Ec2, P: Policy> Ec2 for Paced<E, P> {
             .await
     }
 
-    async fn max_iops(&self, volume_type: &str, zone: &str, size_gib: i32) -> Result<Option<i32>, Ec2Error> {
-        self.call("CreateVolume", || self.inner.max_iops(volume_type, zone, size_gib))
-            .await
+    async fn max_iops(
+        &self,
+        volume_type: &str,
+        zone: &str,
+        size_gib: i32,
+        tags: &Tags,
+    ) -> Result<Option<i32>, Ec2Error> {
+        self.call("CreateVolume", || {
+            self.inner.max_iops(volume_type, zone, size_gib, tags)
+        })
+        .await
     }
 
     async fn dry_run(&self) -> Result<(), Ec2Error> {

@@ -710,7 +710,13 @@ impl Ec2 for SdkEc2 {
             .await
     }
 
-    async fn max_iops(&self, volume_type: &str, zone: &str, size_gib: i32) -> Result<Option<i32>, Ec2Error> {
+    async fn max_iops(
+        &self,
+        volume_type: &str,
+        zone: &str,
+        size_gib: i32,
+        tags: &Tags,
+    ) -> Result<Option<i32>, Ec2Error> {
         let refused = self
             .client("CreateVolume")
             .create_volume()
@@ -719,6 +725,7 @@ impl Ec2 for SdkEc2 {
             .volume_type(sdk::VolumeType::from(volume_type))
             .size(size_gib)
             .iops(PROBE_IOPS)
+            .tag_specifications(tag_specification(ResourceType::Volume, tags))
             .send()
             .await;
         // Not observed: the refusal is the answer, not an error.

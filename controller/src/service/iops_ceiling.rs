@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::ec2::Ec2;
+use crate::ec2::{Ec2, Tags};
 use crate::volume_type::VolumeType;
 
 /// How long a discovered maximum is used.
@@ -25,9 +25,10 @@ pub struct IopsCeilings {
 }
 
 impl IopsCeilings {
-    /// `kind` with its IOPS maximum as EC2 gives it in `zone`; a type
-    /// without provisioned IOPS is returned as it is, without a call.
-    pub async fn in_zone<E: Ec2>(&self, ec2: &E, kind: VolumeType, zone: &str) -> VolumeType {
+    /// `kind` with its IOPS maximum as EC2 gives it in `zone`, asked with
+    /// the `tags` of the volume it is for; a type without provisioned IOPS
+    /// is returned as it is, without a call.
+    pub async fn in_zone<E: Ec2>(&self, ec2: &E, kind: VolumeType, zone: &str, tags: &Tags) -> VolumeType {
         let Some(limits) = kind.iops else {
             return kind;
         };
@@ -41,7 +42,7 @@ impl IopsCeilings {
             .map(|(_, max)| *max);
         let max = match cached {
             Some(max) => max,
-            None => match ec2.max_iops(kind.name, zone, kind.max_gib).await {
+            None => match ec2.max_iops(kind.name, zone, kind.max_gib, tags).await {
                 Ok(max) => {
                     tracing::info!(volume_type = kind.name, zone, max_iops = ?max, "IOPS maximum from EC2");
                     self.found

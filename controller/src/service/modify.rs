@@ -194,7 +194,10 @@ impl<E: Ec2> ControllerService<E> {
         let kind = volume_type::lookup(m.volume_type.as_deref().unwrap_or(&volume.volume_type))?;
         let iops = if m.iops.is_some() || m.iops_per_gib.is_some() {
             kind.resolve_iops(volume.size_gib, m.iops, m.iops_per_gib, false)?;
-            let kind = self.iops_ceilings.in_zone(self.ec2.as_ref(), kind, &volume.zone).await;
+            let kind = self
+                .iops_ceilings
+                .in_zone(self.ec2.as_ref(), kind, &volume.zone, &volume.tags)
+                .await;
             kind.resolve_iops(volume.size_gib, m.iops, m.iops_per_gib, false)?
         } else {
             None
@@ -240,7 +243,10 @@ impl<E: Ec2> ControllerService<E> {
             return Ok(None);
         };
         let kind = volume_type::lookup(&volume.volume_type)?;
-        let kind = self.iops_ceilings.in_zone(self.ec2.as_ref(), kind, &volume.zone).await;
+        let kind = self
+            .iops_ceilings
+            .in_zone(self.ec2.as_ref(), kind, &volume.zone, &volume.tags)
+            .await;
         let iops = kind.resolve_iops(size_gib, None, Some(ratio), true)?;
         Ok(iops.filter(|new| volume.iops.is_none_or(|old| *new > old)))
     }

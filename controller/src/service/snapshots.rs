@@ -52,7 +52,12 @@ impl<E: Ec2> ControllerService<E> {
             .ec2
             .describe_snapshots(Selector::Tag(tags::SNAPSHOT_NAME.to_owned(), vec![name.to_owned()]))
             .await?;
-        let snapshot = match existing.into_iter().find(|s| s.state != SnapshotState::Error) {
+        // The earliest, should a lost answer have left twins (see `twins`).
+        let earliest = existing
+            .into_iter()
+            .filter(|s| s.state != SnapshotState::Error)
+            .min_by(|a, b| (a.start_time_seconds, &a.id).cmp(&(b.start_time_seconds, &b.id)));
+        let snapshot = match earliest {
             Some(s) if s.volume_id == volume_id => s,
             Some(s) => {
                 return Err(ControllerError::AlreadyExists(format!(
@@ -159,10 +164,48 @@ impl<E: Ec2> ControllerService<E> {
     ) -> Result<DeleteSnapshotResponse, ControllerError> {
         let snapshot_id = required("snapshot_id", &r.snapshot_id)?;
         let _guard = self.in_flight.acquire(snapshot_id)?;
-        match self.ec2.delete_snapshot(snapshot_id).await {
-            Ok(()) | Err(Ec2Error::NotFound(_)) => Ok(DeleteSnapshotResponse {}),
-            Err(e) => Err(e.into()),
+        for id in self
+            .twins(snapshot_id)
+            .await?
+            .iter()
+            .map(String::as_str)
+            .chain([snapshot_id])
+        {
+            match self.ec2.delete_snapshot(id).await {
+                Ok(()) | Err(Ec2Error::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            if id != snapshot_id {
+                tracing::info!(snapshot_id, twin = id, "deleted a twin of the snapshot");
+            }
         }
+        Ok(DeleteSnapshotResponse {})
+    }
+
+    /// The other snapshots of `snapshot_id`'s source volume with its
+    /// `CSIVolumeSnapshotName`: CreateSnapshot takes no client token, so
+    /// when its answer is lost (the connection dropped after EC2 made the
+    /// snapshot) the retry makes a second one that no CO knows of. It goes
+    /// with the one the CO deletes.
+    ///
+    /// # Errors
+    /// The DescribeSnapshots error.
+    async fn twins(&self, snapshot_id: &str) -> Result<Vec<String>, ControllerError> {
+        let Some(snapshot) = self.describe.snapshots.get(snapshot_id).await? else {
+            return Ok(Vec::new());
+        };
+        let Some(name) = snapshot.tags.get(tags::SNAPSHOT_NAME) else {
+            return Ok(Vec::new());
+        };
+        let named = self
+            .ec2
+            .describe_snapshots(Selector::Tag(tags::SNAPSHOT_NAME.to_owned(), vec![name.clone()]))
+            .await?;
+        Ok(named
+            .into_iter()
+            .filter(|s| s.id != snapshot.id && s.volume_id == snapshot.volume_id)
+            .map(|s| s.id)
+            .collect())
     }
 
     pub(super) async fn get_snapshot(&self, r: GetSnapshotRequest) -> Result<GetSnapshotResponse, ControllerError> {

@@ -391,6 +391,54 @@ async fn a_repeat_for_an_attached_volume_returns_it() {
     assert_eq!((model.calls("CreateVolume"), model.calls("DeleteVolume")), (1, 0));
 }
 
+/// A lost answer to CreateSnapshot leaves a twin no CO knows (CreateSnapshot
+/// takes no client token): a repeat answers the earliest, and DeleteSnapshot
+/// takes the twin with it.
+#[tokio::test]
+async fn a_snapshots_twin_goes_with_it() {
+    let (model, service) = controller(Behaviour::default());
+    let volume = create(&service, "pvc-snapped").await;
+    let request = CreateSnapshotRequest {
+        source_volume_id: volume.clone(),
+        name: "snapshot-twinned".into(),
+        ..Default::default()
+    };
+    let first = service
+        .snapshot(request.clone())
+        .await
+        .unwrap()
+        .snapshot
+        .unwrap()
+        .snapshot_id;
+    let tags = model.snapshot_tags(&first);
+    let twin = crate::ec2::Ec2::create_snapshot(
+        model.as_ref(),
+        &volume,
+        crate::ec2::CreateSnapshotInput {
+            tags,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap()
+    .id;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let again = service.snapshot(request).await.unwrap().snapshot.unwrap().snapshot_id;
+    assert_eq!(again, first, "the earliest of the twins");
+    service
+        .delete_snapshot(DeleteSnapshotRequest {
+            snapshot_id: first.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        model.snapshots(),
+        Vec::<String>::new(),
+        "{first} and its twin {twin} are gone"
+    );
+}
+
 /// An attachment DescribeVolumes does not show yet is waited for, not
 /// taken for one that went away and undone.
 #[tokio::test]

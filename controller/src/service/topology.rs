@@ -156,6 +156,8 @@ impl ZonePicker {
 /// One of `zones` (not empty), chosen by the SHA-256 of the volume's name.
 fn by_name(name: &str, zones: &[String]) -> String {
     let digest = Sha256::digest(name.as_bytes());
-    let index = digest.iter().fold(0usize, |acc, b| (acc * 256 + usize::from(*b)) % zones.len());
+    let index = digest
+        .iter()
+        .fold(0usize, |acc, b| (acc * 256 + usize::from(*b)) % zones.len());
     zones[index].clone()
 }

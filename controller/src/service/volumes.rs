@@ -267,16 +267,19 @@ impl<E: Ec2> ControllerService<E> {
                     .await?
             }
         };
+        let mut volume_tags = tags::common(self.settings.cluster_id.as_deref(), name, &self.settings.extra_tags);
+        volume_tags.extend(p.tags);
+        volume_tags.insert(tags::VOLUME_NAME.to_owned(), name.to_owned());
         let iops = if p.iops.is_some() || p.iops_per_gib.is_some() {
-            let kind = self.iops_ceilings.in_zone(self.ec2.as_ref(), kind, &zone).await;
+            let kind = self
+                .iops_ceilings
+                .in_zone(self.ec2.as_ref(), kind, &zone, &volume_tags)
+                .await;
             kind.resolve_iops(size_gib, p.iops, p.iops_per_gib, p.allow_iops_increase)?
         } else {
             None
         };
         kind.check_throughput(p.throughput, iops)?;
-        let mut volume_tags = tags::common(self.settings.cluster_id.as_deref(), name, &self.settings.extra_tags);
-        volume_tags.extend(p.tags);
-        volume_tags.insert(tags::VOLUME_NAME.to_owned(), name.to_owned());
         let input = CreateVolumeInput {
             zone,
             size_gib,
