@@ -58,7 +58,9 @@ in seconds) times a factor drawn from 0.5-1.5 by a generator seeded with
   stays out of Describe calls for --lag (asked by id, EC2 answers
   InvalidVolume.NotFound / InvalidSnapshot.NotFound; a filter leaves it
   out), and other calls naming it answer NotFound the same while; a
-  deleted volume is still described, `deleting`, for --lag;
+  deleted volume is still described, `deleting`, for --lag; a new
+  attachment is left out of DescribeVolumes for --lag, and after CreateTags
+  or DeleteTags a resource is described with its earlier tags for --lag;
 - AttachVolume answers `attaching` (EC2 API Reference, AttachVolume); the
   attachment is `attaching` for --attach, then `attached`; DetachVolume
   answers `detaching`, and the attachment stays, `detaching`, for
@@ -68,6 +70,7 @@ in seconds) times a factor drawn from 0.5-1.5 by a generator seeded with
 """
 
 import argparse
+import copy
 import hashlib
 import json
 import random
@@ -85,7 +88,9 @@ from urllib.parse import parse_qs
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ec2.exceptions import EC2ClientError, InvalidSnapshotIdError, InvalidVolumeIdError, VolumeInUseError
 from moto.ec2.models import ec2_backends
+from moto.ec2.models.core import TaggedEC2Resource
 from moto.ec2.models.elastic_block_store import EBSBackend, Volume
+from moto.ec2.models.tags import TagBackend
 from moto.ec2.utils import generic_filter
 from moto.moto_api import recorder
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
@@ -192,6 +197,10 @@ class Timeline:
         self.detaching = {}
         # volume id: (the deleted volume, until when it is described `deleting`).
         self.deleted = {}
+        # volume id: until when its new attachment is left out.
+        self.attachment_hidden = {}
+        # resource id: (its earlier tags, until when they are described).
+        self.earlier_tags = {}
         # Per request thread: `on` while serve.py renders a volume for an
         # answer of its own; `action`, the EC2 action being served (moto
         # makes volumes and snapshots of its own for its AMIs, which are
@@ -274,7 +283,19 @@ def describe_volumes(self, volume_ids=None, filters=None):
     live_ids = [i for i in volume_ids or [] if i not in timeline.deleted]
     live = [] if volume_ids and not live_ids else BACKEND["describe_volumes"](self, live_ids, filters)
     deleted = generic_filter(filters, deleted) if filters else deleted
-    return [v for v in live if not timeline.hidden(v.id)] + deleted
+    return [without_new_attachment(v) for v in live if not timeline.hidden(v.id)] + deleted
+
+
+def without_new_attachment(volume):
+    """The volume as Describe calls show it: one attached less than --lag
+    ago still without its attachment (a copy; moto's object stays whole)."""
+    if volume.attachment is None or time.monotonic() >= timeline.attachment_hidden.get(volume.id, 0):
+        return volume
+    if getattr(timeline.revealing, "on", False):
+        return volume
+    shown = copy.copy(volume)
+    shown.attachment = None
+    return shown
 
 
 def delete_volume(self, volume_id):
@@ -300,6 +321,7 @@ def attach_volume(self, volume_id, instance_id, device_path, delete_on_terminati
     attachment.status = "attaching"
     with timeline.lock:
         timeline.attaching[volume_id] = (attachment, timeline.after(timeline.attach))
+        timeline.attachment_hidden[volume_id] = timeline.after(timeline.lag)
     return attachment
 
 
@@ -378,6 +400,30 @@ def history_json():
     return json.dumps({"volumes": volumes, "snapshots": snapshots, "calls": history["calls"]}).encode()
 
 
+TAGS = {"create_tags": TagBackend.create_tags, "delete_tags": TagBackend.delete_tags, "get_tags": TaggedEC2Resource.get_tags}
+
+
+def changing_tags(name):
+    def change(self, resource_ids, tags):
+        if getattr(timeline.serving, "action", None) in ("CreateTags", "DeleteTags"):
+            now = time.monotonic()
+            with timeline.lock:
+                for resource_id in resource_ids:
+                    earlier = timeline.earlier_tags.get(resource_id)
+                    if earlier is None or now >= earlier[1]:
+                        shown = self.describe_tags(filters={"resource-id": [resource_id]})
+                        timeline.earlier_tags[resource_id] = (shown, timeline.after(timeline.lag))
+        return TAGS[name](self, resource_ids, tags)
+    return change
+
+
+def get_tags(self):
+    earlier = timeline.earlier_tags.get(self.id)
+    if earlier and time.monotonic() < earlier[1] and not getattr(timeline.revealing, "on", False):
+        return earlier[0]
+    return TAGS["get_tags"](self)
+
+
 def keep_time(seed, lag, create, attach, detach):
     """Puts EC2's timing and consistency into moto's EBS backend."""
     global timeline
@@ -385,6 +431,9 @@ def keep_time(seed, lag, create, attach, detach):
     for name in BACKEND:
         setattr(EBSBackend, name, globals()[name])
     Volume.status = property(timeline.status)
+    TagBackend.create_tags = changing_tags("create_tags")
+    TagBackend.delete_tags = changing_tags("delete_tags")
+    TaggedEC2Resource.get_tags = get_tags
 
 
 def error(start_response, status, code, message):
@@ -710,6 +759,7 @@ def middleware(app):
             for name, (target, status, code, message) in FAULTS.items():
                 if armed.get(name) and targets(target, action, params):
                     armed[name] -= 1
+                    recorder._record_request(Served(environ), body)
                     fields = {k: v[0] for k, v in params.items()}
                     return error(start_response, status, code, message.format(**fields))
             if limits and action and not within_limits(action, params):

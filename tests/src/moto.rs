@@ -120,6 +120,27 @@ impl Moto {
         response
     }
 
+    /// DescribeVolumes of `volume_id` in `region`, asked again (for up to
+    /// 10 s) until `settled` holds of the answer: serve.py, as EC2, shows a
+    /// change only after its lag. Returns the answer that satisfied it.
+    ///
+    /// # Panics
+    /// If the answer never satisfies `settled`.
+    pub fn volume_once(&self, region: &str, volume_id: &str, settled: impl Fn(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let xml = self.ec2(region, "DescribeVolumes", &[("VolumeId.1", volume_id)]);
+            if settled(&xml) {
+                return xml;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{volume_id} never settled:\n{xml}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Launches an instance in `zone` (of `region`) and returns its id.
     pub fn run_instance(&self, region: &str, zone: &str) -> String {
         let xml = self.ec2(

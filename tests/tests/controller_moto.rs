@@ -777,8 +777,7 @@ async fn volumes_are_expanded_and_modified_in_one_call() {
         ..Default::default()
     };
     client.controller_modify_volume(tags).await.unwrap();
-    let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
-    assert!(xml.contains("<key>tier</key>"), "{xml}");
+    moto.volume_once(REGION, &volume.volume_id, |xml| xml.contains("<key>tier</key>"));
     let unknown = ControllerModifyVolumeRequest {
         volume_id: volume.volume_id.clone(),
         mutable_parameters: HashMap::from([("encrypted".to_owned(), "true".to_owned())]),
@@ -834,8 +833,9 @@ async fn iops_follow_the_size_when_the_class_allows_it() {
         ..Default::default()
     };
     client.controller_modify_volume(fixed).await.unwrap();
-    let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
-    assert!(!xml.contains("ebs.csi.aws.com/IOPSPerGb"), "{xml}");
+    let xml = moto.volume_once(REGION, &volume.volume_id, |xml| {
+        !xml.contains("ebs.csi.aws.com/IOPSPerGb")
+    });
     assert_eq!(xml_values(&xml, "iops"), vec!["12000"]);
     // moto's dry run names no maximum (DryRunOperation): the EC2 API
     // Reference's 80,000 for gp3 stands.
