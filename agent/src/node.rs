@@ -83,6 +83,7 @@ impl NodeService {
     async fn stage(&self, r: NodeStageVolumeRequest) -> Result<NodeStageVolumeResponse, NodeError> {
         let volume_id = request::volume_id(&r.volume_id)?;
         let staging_path = request::required_path("staging_target_path", &r.staging_target_path)?;
+        request::whole_volume(&r.volume_context)?;
         let Access::Mount { fs_type, mount_flags } = request::capability(r.volume_capability.as_ref())? else {
             // Block volumes are published straight from the device.
             return Ok(NodeStageVolumeResponse {});
@@ -114,8 +115,8 @@ impl NodeService {
     }
 
     async fn unstage(&self, r: NodeUnstageVolumeRequest) -> Result<NodeUnstageVolumeResponse, NodeError> {
-        let volume_id = request::existing_volume_id(&r.volume_id)?;
         let staging_path = request::required_path("staging_target_path", &r.staging_target_path)?;
+        let volume_id = request::existing_volume_id(&r.volume_id)?;
         let _guard = self.guard(&volume_id, ("NodeUnstageVolume", staging_path)).await?;
         tracing::info!(%volume_id, staging_path, "unstaging");
         self.helper
@@ -131,6 +132,7 @@ impl NodeService {
         let target_path = request::required_path("target_path", &r.target_path)?;
         let access = request::capability(r.volume_capability.as_ref())?;
         let staging_path = request::required_path("staging_target_path", &r.staging_target_path)?;
+        request::whole_volume(&r.volume_context)?;
         let device_path = device_path(&r.publish_context);
         let asked = (
             "NodePublishVolume",
@@ -173,8 +175,8 @@ impl NodeService {
     }
 
     async fn unpublish(&self, r: NodeUnpublishVolumeRequest) -> Result<NodeUnpublishVolumeResponse, NodeError> {
-        let volume_id = request::existing_volume_id(&r.volume_id)?;
         let target_path = request::required_path("target_path", &r.target_path)?;
+        let volume_id = request::existing_volume_id(&r.volume_id)?;
         let _guard = self.guard(&volume_id, ("NodeUnpublishVolume", target_path)).await?;
         tracing::info!(%volume_id, target_path, "unpublishing");
         self.helper
@@ -186,15 +188,15 @@ impl NodeService {
     }
 
     async fn volume_stats(&self, r: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse, NodeError> {
-        let volume_id = request::existing_volume_id(&r.volume_id)?;
         request::required_path("volume_path", &r.volume_path)?;
+        let volume_id = request::existing_volume_id(&r.volume_id)?;
         let staging = Some(r.staging_target_path.as_str());
         stats::volume_stats(&self.helper, volume_id, &r.volume_path, staging, self.finder.sys_dir()).await
     }
 
     async fn expand(&self, r: NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse, NodeError> {
-        let volume_id = request::existing_volume_id(&r.volume_id)?;
         let volume_path = request::required_path("volume_path", &r.volume_path)?;
+        let volume_id = request::existing_volume_id(&r.volume_id)?;
         let access = r
             .volume_capability
             .as_ref()
@@ -297,24 +299,39 @@ impl Node for NodeService {
         &self,
         _: Request<NodeGetCapabilitiesRequest>,
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
-        let rpc = |kind: rpc::Type| NodeServiceCapability {
-            r#type: Some(node_service_capability::Type::Rpc(node_service_capability::Rpc {
-                r#type: kind as i32,
-            })),
-        };
-        Ok(Response::new(NodeGetCapabilitiesResponse {
-            capabilities: vec![
-                rpc(rpc::Type::StageUnstageVolume),
-                rpc(rpc::Type::ExpandVolume),
-                rpc(rpc::Type::GetVolumeStats),
-                rpc(rpc::Type::VolumeCondition),
-            ],
-        }))
+        observed("NodeGetCapabilities", "", false, async {
+            Ok::<_, Status>(capabilities())
+        })
+        .await
     }
 
     async fn node_get_info(&self, _: Request<NodeGetInfoRequest>) -> Result<Response<NodeGetInfoResponse>, Status> {
+        observed("NodeGetInfo", "", false, async { Ok::<_, Status>(self.info()) }).await
+    }
+}
+
+/// NodeGetCapabilities' answer.
+fn capabilities() -> NodeGetCapabilitiesResponse {
+    let rpc = |kind: rpc::Type| NodeServiceCapability {
+        r#type: Some(node_service_capability::Type::Rpc(node_service_capability::Rpc {
+            r#type: kind as i32,
+        })),
+    };
+    NodeGetCapabilitiesResponse {
+        capabilities: vec![
+            rpc(rpc::Type::StageUnstageVolume),
+            rpc(rpc::Type::ExpandVolume),
+            rpc(rpc::Type::GetVolumeStats),
+            rpc(rpc::Type::VolumeCondition),
+        ],
+    }
+}
+
+impl NodeService {
+    /// NodeGetInfo's answer: this node's id, attachment limit and topology.
+    fn info(&self) -> NodeGetInfoResponse {
         let zone = &self.metadata.availability_zone;
-        Ok(Response::new(NodeGetInfoResponse {
+        NodeGetInfoResponse {
             node_id: self.metadata.instance_id.clone(),
             max_volumes_per_node: i64::from(self.limit.max_volumes(&self.metadata)),
             accessible_topology: Some(Topology {
@@ -341,6 +358,6 @@ impl Node for NodeService {
                 )
                 .collect(),
             }),
-        }))
+        }
     }
 }

@@ -128,9 +128,44 @@ pub fn format_options(context: &HashMap<String, String>) -> Result<FormatOptions
     FormatOptions::from_map(context).map_err(NodeError::InvalidArgument)
 }
 
+/// The Go driver's volume attribute that names a partition of the volume
+/// to stage or publish (`pkg/driver/node.go`, `PartitionKey`); `0` or none
+/// is the whole volume.
+pub const PARTITION_KEY: &str = "partition";
+
+/// Refuses a `volume_context` that asks for a partition of the volume: the
+/// helper proves a device is the EBS volume named by the NVMe serial of the
+/// whole disk, and has no proof for one of its partitions; mounting the
+/// whole disk instead would not be what the volume's owner asked for.
+///
+/// # Errors
+/// INVALID_ARGUMENT naming the partition.
+pub fn whole_volume(context: &HashMap<String, String>) -> Result<(), NodeError> {
+    match context.get(PARTITION_KEY).map(String::as_str) {
+        None | Some("" | "0") => Ok(()),
+        Some(partition) => Err(NodeError::InvalidArgument(format!(
+            "volume attribute partition={partition}: staging or publishing a partition of an EBS volume is not \
+             supported (the helper proves a device's identity by the whole disk's NVMe serial only); use the \
+             whole volume"
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_partition_of_the_volume_is_refused() {
+        let context = |value: &str| HashMap::from([(PARTITION_KEY.to_owned(), value.to_owned())]);
+        assert!(whole_volume(&HashMap::new()).is_ok());
+        assert!(whole_volume(&context("0")).is_ok());
+        assert!(whole_volume(&context("")).is_ok());
+        let Err(NodeError::InvalidArgument(message)) = whole_volume(&context("1")) else {
+            panic!("partition 1 accepted");
+        };
+        assert!(message.starts_with("volume attribute partition=1: "), "{message}");
+    }
     use ebs_csi_proto::v1::volume_capability::{BlockVolume, MountVolume};
 
     fn cap(mode: Mode, access_type: Option<AccessType>) -> VolumeCapability {

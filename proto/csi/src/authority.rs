@@ -16,8 +16,23 @@
 //! client's HPACK context (RFC 7541) and encoded again without the dynamic
 //! table, so h2's decoder never refers to an entry it was not sent.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
 use bytes::{Buf, BufMut, BytesMut};
 use loona_hpack::{Decoder, Encoder};
+
+/// Whether this process has logged a rewritten authority: once is enough
+/// (kubelet opens a connection per call, so a warning per connection came
+/// about ten times a minute); [`rewritten_total`] counts the rest.
+static WARNED: AtomicBool = AtomicBool::new(false);
+/// Header blocks whose `:authority` was rewritten, since the process began.
+static REWRITTEN: AtomicU64 = AtomicU64::new(0);
+
+/// How many header blocks had their `:authority` rewritten since the
+/// process began (both services' `/metrics` report it).
+pub fn rewritten_total() -> u64 {
+    REWRITTEN.load(Ordering::Relaxed)
+}
 
 /// The authority a malformed `:authority` becomes (what grpc-go sends on a
 /// unix socket).
@@ -91,7 +106,6 @@ pub struct AuthorityFilter {
     block: Option<HeaderBlock>,
     decoder: Decoder<'static>,
     encoder: Encoder<'static>,
-    warned: bool,
 }
 
 impl AuthorityFilter {
@@ -110,7 +124,6 @@ impl AuthorityFilter {
             block: None,
             decoder,
             encoder,
-            warned: false,
         }
     }
 
@@ -225,13 +238,14 @@ impl AuthorityFilter {
             })?;
         for (name, value) in &mut fields {
             if name.as_slice() == b":authority" && http::uri::Authority::try_from(value.as_slice()).is_err() {
-                if !self.warned {
+                REWRITTEN.fetch_add(1, Ordering::Relaxed);
+                if !WARNED.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         peer = %self.peer,
                         authority = %String::from_utf8_lossy(value),
-                        "the client's :authority is not an RFC 3986 authority (a socket path); serving it as localhost",
+                        "the client's :authority is not an RFC 3986 authority (a socket path); serving it as localhost \
+                         (said once; ebs_csi_grpc_authority_rewritten_total counts them)",
                     );
-                    self.warned = true;
                 }
                 *value = LOCALHOST.to_vec();
             }

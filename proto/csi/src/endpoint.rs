@@ -166,18 +166,35 @@ pub fn level_of(verbosity: u8) -> &'static str {
     }
 }
 
-/// Logs to stderr at the level of `verbosity` ([`level_of`]) plus the
-/// `extra` filter directives (e.g. `aws_smithy_runtime=debug`), or as
+/// This project's crates: the ones `-v` sets the level of.
+const OWN_CRATES: [&str; 6] = [
+    "ebs_csi_agent",
+    "ebs_csi_controller",
+    "ebs_csi_helper",
+    "ebs_csi_helper_proto",
+    "ebs_csi_linux",
+    "ebs_csi_proto",
+];
+
+/// The filter directives of `verbosity`: this project's crates at its
+/// level ([`level_of`]), every other crate at warn (at `-v 4` the HTTP/2
+/// stack's frame logging would be most of the output), then `extra`
+/// (e.g. `aws_smithy_runtime=debug`).
+fn directives(verbosity: u8, extra: &[&str]) -> String {
+    let level = level_of(verbosity);
+    std::iter::once("warn".to_owned())
+        .chain(OWN_CRATES.iter().map(|krate| format!("{krate}={level}")))
+        .chain(extra.iter().map(|e| (*e).to_owned()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Logs to stderr at the level of `verbosity` ([`directives`]), or as
 /// `RUST_LOG` says, in `format`; text has terminal colours only when stderr
 /// is a terminal (journald and log files get plain text).
 pub fn init_logging(format: LoggingFormat, verbosity: u8, extra: &[&str]) {
     use std::io::IsTerminal;
-    let directives = [level_of(verbosity)]
-        .iter()
-        .chain(extra)
-        .copied()
-        .collect::<Vec<_>>()
-        .join(",");
+    let directives = directives(verbosity, extra);
     let builder = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| directives.into()))
         .with_writer(std::io::stderr);
@@ -195,6 +212,15 @@ mod tests {
     fn maps_klog_verbosity_to_levels() {
         let levels: Vec<&str> = [0, 2, 3, 4, 5, 6, 10].into_iter().map(level_of).collect();
         assert_eq!(levels, ["info", "info", "info", "debug", "debug", "trace", "trace"]);
+    }
+
+    #[test]
+    fn other_crates_stay_at_warn() {
+        assert_eq!(
+            directives(4, &["aws_smithy_runtime=debug"]),
+            "warn,ebs_csi_agent=debug,ebs_csi_controller=debug,ebs_csi_helper=debug,ebs_csi_helper_proto=debug,\
+             ebs_csi_linux=debug,ebs_csi_proto=debug,aws_smithy_runtime=debug"
+        );
     }
 
     #[test]

@@ -152,7 +152,15 @@ where
     }
 }
 
-fn metrics(body: String) -> Response<Full<Bytes>> {
+/// `body` and the counters every service has (the rewritten `:authority`
+/// headers of [`crate::authority`]), in Prometheus' text format.
+fn metrics(mut body: String) -> Response<Full<Bytes>> {
+    body.push_str(&format!(
+        "# HELP ebs_csi_grpc_authority_rewritten_total gRPC requests whose :authority was a socket path, served as localhost.\n\
+         # TYPE ebs_csi_grpc_authority_rewritten_total counter\n\
+         ebs_csi_grpc_authority_rewritten_total {}\n",
+        crate::authority::rewritten_total()
+    ));
     let mut response = Response::new(Full::new(Bytes::from(body)));
     response
         .headers_mut()
@@ -200,7 +208,11 @@ mod tests {
             response.contains("content-type: text/plain; version=0.0.4"),
             "{response}"
         );
-        assert!(response.ends_with("\r\n\r\nup 1\n"), "{response}");
+        assert!(response.contains("\r\n\r\nup 1\n"), "{response}");
+        assert!(
+            response.contains("\nebs_csi_grpc_authority_rewritten_total "),
+            "the counter every service has: {response}"
+        );
     }
 
     #[tokio::test]
