@@ -8,8 +8,9 @@ Usage: validate.py BIN_DIR [--self-test]
                below and fail unless every break is reported
 
 Kubernetes: each overlay is rendered with `kubectl kustomize` and every
-object is checked with kubernetes-validate --strict (Kubernetes
-KUBERNETES_VERSION); kinds it has no schema for (the snapshot CRDs) are
+object is checked with kubernetes-validate --strict against the oldest
+Kubernetes docs/install-kubernetes.md says is supported ("Kubernetes ≥
+X.Y") and the newest (NEWEST_KUBERNETES); kinds it has no schema for (the snapshot CRDs) are
 checked field by field here. Then: the agent container is unprivileged,
 the helper container is the only privileged one, the helper admits
 the agent's uid and group, and the controller's sidecars enable
@@ -35,8 +36,21 @@ import kubernetes_validate
 import yaml
 from hcl2.utils import SerializationOptions
 
-KUBERNETES_VERSION = "1.37"
+NEWEST_KUBERNETES = "1.37"
 DEPLOY = Path(__file__).resolve().parent
+
+
+def kubernetes_versions():
+    """The oldest supported Kubernetes, as the install guide states it, and
+    the newest: every object must be valid in both (a field newer than the
+    stated minimum, such as CSIDriver's nodeAllocatableUpdatePeriodSeconds
+    of 1.33, is refused by older API servers' client-side validation)."""
+    guide = (DEPLOY.parent / "docs" / "install-kubernetes.md").read_text()
+    match = re.search(r"Kubernetes ≥ (\d+\.\d+)", guide)
+    if not match:
+        fail("docs/install-kubernetes.md", "states no minimum Kubernetes version (\"Kubernetes ≥ X.Y\")")
+        return [NEWEST_KUBERNETES]
+    return [match.group(1), NEWEST_KUBERNETES]
 # Where the controller calls EC2 (each call observed under its action name).
 CONTROLLER_EC2 = DEPLOY.parent / "controller" / "src" / "ec2" / "sdk.rs"
 OVERLAYS = ["hardened", "standard"]
@@ -94,16 +108,19 @@ def check_snapshot_class(where, obj):
         fail(where, "deletionPolicy must be Delete or Retain")
 
 
-def validate_schema(where, obj):
+def validate_schema(where, obj, versions=None):
+    """Checks `obj` against the schema of each of `versions` (by default
+    the oldest supported Kubernetes and the newest)."""
     if obj.get("apiVersion", "").startswith("snapshot.storage.k8s.io/"):
         check_snapshot_class(where, obj)
         return
-    try:
-        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as e:
-        fail(where, f"{'.'.join(map(str, e.path))}: {e.message}")
-    except kubernetes_validate.utils.SchemaNotFoundError as e:
-        fail(where, f"no schema: {e}")
+    for version in versions or kubernetes_versions():
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            fail(where, f"Kubernetes {version}: {'.'.join(map(str, e.path))}: {e.message}")
+        except kubernetes_validate.utils.SchemaNotFoundError as e:
+            fail(where, f"Kubernetes {version}: no schema: {e}")
 
 
 def containers(pod_spec):
@@ -169,14 +186,15 @@ def check_node_token(where, pod_spec):
 
 
 def check_node_rbac(where, objects):
-    """The node's service account may get Nodes and nothing else."""
+    """The node's service account may get Nodes (the `kubernetes` metadata
+    source) and patch them (the startup taint), and nothing else."""
     roles = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClusterRole"}
     granted = []
     for binding in (o for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
         if any(s.get("name") == NODE_ACCOUNT for s in binding.get("subjects", [])):
             granted += roles.get(binding["roleRef"]["name"], {}).get("rules", [])
-    if granted != [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]:
-        fail(where, f"{NODE_ACCOUNT} must be allowed to get nodes and nothing else, not {granted}")
+    if granted != [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]:
+        fail(where, f"{NODE_ACCOUNT} must be allowed to get and patch nodes and nothing else, not {granted}")
 
 
 def check_helper(where, pod_spec, agent, helper):
@@ -316,7 +334,9 @@ def check_examples():
     for path in sorted((DEPLOY / "kubernetes/examples").glob("*.yaml")):
         for obj in yaml.safe_load_all(path.read_text()):
             where = f"{path.name}: {obj['kind']}/{obj['metadata']['name']}"
-            validate_schema(where, obj)
+            # An example may need a newer Kubernetes than the driver (the
+            # install guide says which): the newest schema only.
+            validate_schema(where, obj, [NEWEST_KUBERNETES])
             driver = obj.get("provisioner") or obj.get("driverName") or obj.get("driver")
             if obj["kind"].endswith("Class") and driver != DRIVER:
                 fail(where, f"names driver {driver!r}, not {DRIVER}")
@@ -555,7 +575,10 @@ BREAKS = [
     ("kubernetes/base/node.yaml", "drop: [ALL]\n          volumeMounts:\n            - name: plugin-dir\n",
      "drop: [ALL]\n              add: [SYS_ADMIN]\n          volumeMounts:\n            - name: plugin-dir\n",
      "ebs-plugin: is privileged"),
-    ("kubernetes/base/node.yaml", "verbs: [get]", "verbs: [get, list]", "get nodes and nothing else"),
+    ("kubernetes/base/node.yaml", "verbs: [get, patch]", "verbs: [get, patch, list]", "get and patch nodes and nothing else"),
+    ("../docs/install-kubernetes.md", "Kubernetes ≥ 1.33", "Kubernetes ≥ 1.32",
+     "Kubernetes 1.32: spec: Additional properties are not allowed ('nodeAllocatableUpdatePeriodSeconds'"),
+    ("kubernetes/base/node.yaml", "verbs: [get, patch]", "verbs: [get]", "get and patch nodes and nothing else"),
     ("kubernetes/base/node.yaml", "- serviceAccountToken:", "- secret:",
      "the agent mounts no token"),
     ("kubernetes/base/node.yaml", "fieldPath: spec.nodeName", "fieldPath: metadata.name", "CSI_NODE_NAME"),
@@ -625,6 +648,7 @@ def self_test(flags):
         with tempfile.TemporaryDirectory() as copy:
             DEPLOY = Path(copy) / "deploy"
             shutil.copytree(original, DEPLOY)
+            shutil.copytree(original.parent / "docs", DEPLOY.parent / "docs")
             target = DEPLOY / file
             content = target.read_text()
             if text not in content:

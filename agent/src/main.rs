@@ -14,6 +14,7 @@ mod request;
 mod server;
 mod statistics;
 mod stats;
+mod taint;
 
 use ebs_csi_proto::endpoint::LoggingFormat;
 use ebs_csi_proto::go_flags::GoDriverFlags;
@@ -155,7 +156,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let settings = Settings {
         sources: args.metadata_sources,
-        service_account_dir: args.service_account_dir,
+        service_account_dir: args.service_account_dir.clone(),
         dmi_dir: args.sys_dir.join("class/dmi/id"),
     };
     let metadata = metadata::resolve(flags, &settings).await.context("node metadata")?;
@@ -191,6 +192,13 @@ async fn main() -> anyhow::Result<()> {
         limit,
         Duration::from_secs(args.device_wait_seconds),
     );
+    let (info_answered, helper_answers) = (node.info_answered(), helper.clone());
+    taint::remove_when_ready(args.service_account_dir, async move {
+        info_answered.await;
+        while !helper_answers.is_ready().await {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
     server::serve(&socket, IdentityService::new(helper), node).await?;
     Ok(())
 }

@@ -46,6 +46,9 @@ pub struct NodeService {
     metadata: NodeMetadata,
     limit: LimitSettings,
     device_wait: Duration,
+    /// Becomes true once NodeGetInfo has been answered (kubelet registers
+    /// a plugin with it).
+    info_answered: tokio::sync::watch::Sender<bool>,
 }
 
 impl NodeService {
@@ -66,6 +69,15 @@ impl NodeService {
             metadata,
             limit,
             device_wait,
+            info_answered: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    /// Completes once NodeGetInfo has been answered.
+    pub fn info_answered(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut answered = self.info_answered.subscribe();
+        async move {
+            let _ = answered.wait_for(|answered| *answered).await;
         }
     }
 
@@ -306,7 +318,9 @@ impl Node for NodeService {
     }
 
     async fn node_get_info(&self, _: Request<NodeGetInfoRequest>) -> Result<Response<NodeGetInfoResponse>, Status> {
-        observed("NodeGetInfo", "", false, async { Ok::<_, Status>(self.info()) }).await
+        let answer = observed("NodeGetInfo", "", false, async { Ok::<_, Status>(self.info()) }).await;
+        self.info_answered.send_replace(true);
+        answer
     }
 }
 

@@ -1,10 +1,15 @@
-"""The part of the Kubernetes API the agent's `kubernetes` metadata source
-uses, on 127.0.0.1 over TLS: `GET /api/v1/nodes/<name>`.
+"""The part of the Kubernetes API the agent uses, on 127.0.0.1 over TLS:
+`GET /api/v1/nodes/<name>` (the `kubernetes` metadata source) and `PATCH`
+of it with a JSON Patch (removing the startup taint).
 
-Usage: serve.py DIR. Writes DIR/ca.crt (a fresh CA that signed the
-server's certificate for IP 127.0.0.1) and DIR/token (the only bearer
-token accepted), prints the port on one line, then logs one line per
-request to DIR/requests.log.
+Usage: serve.py DIR [--taints JSON] [--conflicts N]. Writes DIR/ca.crt (a
+fresh CA that signed the server's certificate for IP 127.0.0.1) and
+DIR/token (the only bearer token accepted), prints the port on one line,
+then logs one line per request to DIR/requests.log and writes the Node as
+it is after each change to DIR/node.json. --taints gives the Node's
+`spec.taints`; --conflicts N makes another writer (kubelet updating the
+Node's status) change the Node between the agent's read and its next N
+patches.
 
 Answers as kube-apiserver does (Kubernetes API reference, "Status" kind;
 the messages are apiserver's, e.g. `nodes "x" not found`):
@@ -12,8 +17,16 @@ the messages are apiserver's, e.g. `nodes "x" not found`):
 - the node named `forbidden`: 403 Status, reason Forbidden, with RBAC's
   message for a service account without `get` on nodes;
 - node.json's node: 200, that Node object (EKS node, `kubectl get -o json`);
-- any other name: 404 Status, reason NotFound.
+- any other name: 404 Status, reason NotFound;
+- PATCH with `application/json-patch+json` (RFC 6902; the `test`,
+  `replace`, `add` and `remove` operations): the patched Node, its
+  `metadata.resourceVersion` one higher; a patch that cannot be applied (a
+  `test` that fails) 422 Status, reason Invalid, as kube-apiserver answers
+  it since kubernetes/kubernetes#68346; another content type 415.
 """
+
+import argparse
+import copy
 
 import datetime
 import http.server
@@ -31,6 +44,8 @@ import ipaddress
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.ebs-csi-node-sa.test"
 SERVICE_ACCOUNT = "system:serviceaccount:kube-system:ebs-csi-node-sa"
 NODE = json.loads((Path(__file__).parent / "node.json").read_text())
+# Patches still to meet another writer's change first (--conflicts).
+conflicts = 0
 
 
 def certificates(directory):
@@ -81,8 +96,80 @@ def status(code, reason, message, name=None):
     return code, body
 
 
+def pointer(document, path):
+    """The container and key a JSON Pointer (RFC 6901) names."""
+    *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]]
+    for part in parents:
+        document = document[int(part)] if isinstance(document, list) else document[part]
+    return document, (int(last) if isinstance(document, list) and last != "-" else last)
+
+
+def apply(document, patch):
+    """RFC 6902 on a copy of `document`; None if an operation fails."""
+    document = copy.deepcopy(document)
+    for operation in patch:
+        try:
+            parent, key = pointer(document, operation["path"])
+            if operation["op"] == "test":
+                if (parent.get(key) if isinstance(parent, dict) else parent[key]) != operation["value"]:
+                    return None
+            elif operation["op"] in ("replace", "add"):
+                if operation["op"] == "replace" and isinstance(parent, dict) and key not in parent:
+                    return None
+                parent[key] = operation["value"]
+            elif operation["op"] == "remove":
+                del parent[key]
+            else:
+                return None
+        except (KeyError, IndexError, ValueError, TypeError):
+            return None
+    return document
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
     log_path = None
+    node_path = None
+
+    def answer(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_PATCH(self):
+        global NODE, conflicts
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length).decode()
+        content_type = self.headers.get("Content-Type", "")
+        with open(self.log_path, "a") as log:
+            log.write(f"PATCH {self.path} {content_type} {body}\n")
+        name = NODE["metadata"]["name"]
+        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return self.answer(*status(401, "Unauthorized", "Unauthorized"))
+        if self.path != f"/api/v1/nodes/{name}":
+            return self.answer(*status(404, "NotFound", "the server could not find the requested resource"))
+        if content_type != "application/json-patch+json":
+            return self.answer(*status(
+                415, "UnsupportedMediaType",
+                "the body of the request was in an unknown format - accepted media types include: "
+                "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"))
+        if conflicts:
+            conflicts -= 1
+            self.changed(dict(NODE, status=dict(NODE.get("status", {}), heartbeat=conflicts)))
+        patched = apply(NODE, json.loads(body))
+        if patched is None:
+            return self.answer(*status(422, "Invalid", "the server rejected our request due to an error in our request", name))
+        self.changed(patched)
+        self.answer(200, NODE)
+
+    def changed(self, node):
+        """Stores `node` as the Node's next version."""
+        global NODE
+        node["metadata"] = dict(node["metadata"], resourceVersion=str(int(NODE["metadata"]["resourceVersion"]) + 1))
+        NODE = node
+        self.node_path.write_text(json.dumps(NODE))
 
     def do_GET(self):
         with open(self.log_path, "a") as log:
@@ -115,10 +202,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 
 def main():
-    directory = Path(sys.argv[1])
+    global NODE, conflicts
+    parser = argparse.ArgumentParser()
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--taints", type=json.loads)
+    parser.add_argument("--conflicts", type=int, default=0)
+    args = parser.parse_args()
+    directory = args.directory
+    if args.taints is not None:
+        NODE = dict(NODE, spec=dict(NODE["spec"], taints=args.taints))
+    conflicts = args.conflicts
     pem = certificates(directory)
     (directory / "token").write_text(TOKEN)
     Handler.log_path = directory / "requests.log"
+    Handler.node_path = directory / "node.json"
+    Handler.node_path.write_text(json.dumps(NODE))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(pem)

@@ -119,20 +119,29 @@ impl<'a> Line<'a> {
 fn moments(rpc: Rpc, volume_id: &str, agent_log: &str, helper_log: &str) -> Vec<Moment> {
     let mut moments = Vec::new();
     let (quoted, in_path) = (format!("{volume_id:?}"), format!("/{volume_id}/"));
+    // The agent's own line for the RPC, which its receipt precedes.
+    let mut own_line = f64::INFINITY;
     for line in agent_log
         .lines()
         .filter(|l| l.contains(volume_id))
         .filter_map(Line::parse)
     {
         if line.message == rpc.agent_message() {
+            own_line = own_line.min(line.at);
             moments.push(Moment {
                 at: line.at,
                 what: format!("agent: {}", line.message),
             });
         } else if line.message == "done" && line.field("rpc") == Some(&format!("{:?}", rpc.csi_name())) {
+            // The receipt is the answer's time less the latency: the
+            // latency comes from the monotonic clock, the line's time from
+            // the wall clock when it was written, some microseconds after
+            // the call ended; where the agent's own line came within those
+            // microseconds of the receipt, the receipt is put a microsecond
+            // (the log's resolution) before it.
             let latency = line.millis_field("latency_ms").unwrap_or(0.0);
             moments.push(Moment {
-                at: line.at - latency / 1e3,
+                at: (line.at - latency / 1e3).min(own_line - 1e-6),
                 what: "agent: received".into(),
             });
             moments.push(Moment {
@@ -342,6 +351,24 @@ mod tests {
         assert!((total - 18.0).abs() < 1e-3, "{total}");
         let (_, blkid) = &steps[4];
         assert!((blkid - 6.001).abs() < 1e-3, "{blkid}");
+    }
+
+    /// The answer's time less its latency can land after the agent's own
+    /// line when that line came within microseconds of the receipt (the
+    /// log's wall-clock time is taken after the call ends): the receipt
+    /// still comes first.
+    #[test]
+    fn the_receipt_precedes_the_agents_own_line() {
+        let agent = AGENT.replace("latency_ms=15.345", "latency_ms=14.990");
+        let client = ClientStamps {
+            stage_sent: at("2026-11-24T11:28:51.433000Z"),
+            staged: at("2026-11-24T11:28:51.449500Z"),
+            publish_sent: at("2026-11-24T11:28:51.449600Z"),
+            published: at("2026-11-24T11:28:51.451000Z"),
+        };
+        let steps = steps(&client, "vol-01", &agent, HELPER);
+        assert_eq!(steps[1].0, "NodeStageVolume: agent: received → agent: staging");
+        assert!((steps[1].1 - 0.001).abs() < 1e-3, "{steps:?}");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 
 use ebs_csi_proto::v1::{NodeGetInfoRequest, NodeGetInfoResponse};
-use ebs_csi_tests::{Agent, Helper, Sandbox, binary, repository, require_root, venv_program};
+use ebs_csi_tests::{Agent, Helper, Sandbox, binary, repository, require_root, venv_program, wait_until};
 
 const TOKEN: &str = "stub-token";
 
@@ -183,10 +183,16 @@ struct KubeApi {
 
 impl KubeApi {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// With serve.py's options (`--taints`, `--conflicts`).
+    fn start_with(args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut child = Command::new(venv_program("python"))
             .arg(repository().join("tests/kube-api/serve.py"))
             .arg(dir.path())
+            .args(args)
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -204,6 +210,11 @@ impl KubeApi {
 
     fn requests(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("requests.log")).unwrap_or_default()
+    }
+
+    /// The Node as the API server has it now.
+    fn node(&self) -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(self.dir.path().join("node.json")).unwrap()).unwrap()
     }
 }
 
@@ -322,4 +333,64 @@ fn api_server_refusals_are_reported_with_its_message() {
     // and the untrusted server did not send a request.
     let requests = api.requests();
     assert_eq!(requests.lines().count(), 3, "{requests}");
+}
+
+/// The startup taint `ebs.csi.aws.com/agent-not-ready` (the Go driver's;
+/// Karpenter's and EKS's docs set it as a startup taint) stays until the
+/// agent has answered NodeGetInfo (kubelet registers a plugin with it) and
+/// the helper answers; then the agent removes it and keeps every other
+/// taint, reading the Node again when another writer changed it between
+/// the read and the patch (kube-apiserver answers the failed `test` 422).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_startup_taint_goes_once_the_node_is_ready() {
+    if !require_root() {
+        return;
+    }
+    let other = serde_json::json!({"key": "example.com/dedicated", "value": "storage", "effect": "NoSchedule"});
+    let taints = serde_json::json!([{"key": "ebs.csi.aws.com/agent-not-ready", "effect": "NoExecute"}, other]);
+    let api = KubeApi::start_with(&["--taints", &taints.to_string(), "--conflicts", "1"]);
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let (port, accounts) = (
+        api.port.to_string(),
+        api.service_account_dir().to_str().unwrap().to_owned(),
+    );
+    let agent = Agent::spawn(
+        &sandbox,
+        &helper,
+        &[&Agent::NODE_FLAGS[..], &["--service-account-dir", &accounts]].concat(),
+        &[
+            ("CSI_NODE_NAME", NODE_NAME),
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+            ("KUBERNETES_SERVICE_PORT", &port),
+        ],
+    );
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert!(
+        !api.requests().contains("PATCH"),
+        "patched before NodeGetInfo: {}",
+        api.requests()
+    );
+    node_info(&agent).await;
+    wait_until("the startup taint to go", std::time::Duration::from_secs(10), || {
+        api.node()["spec"]["taints"] == serde_json::json!([other])
+    });
+    let requests = api.requests();
+    let patches: Vec<&str> = requests.lines().filter(|l| l.starts_with("PATCH")).collect();
+    assert_eq!(
+        patches.len(),
+        2,
+        "one lost to the other writer, one applied: {requests}"
+    );
+    assert!(
+        patches
+            .iter()
+            .all(|p| p.contains("application/json-patch+json") && p.contains(r#""op":"test""#)),
+        "{requests}"
+    );
+    assert!(
+        agent.process.log().contains("removed the startup taint"),
+        "{}",
+        agent.process.log()
+    );
 }

@@ -11,17 +11,21 @@
 //! label, the type the `node.kubernetes.io/instance-type` label.
 //!
 //! The cost: RBAC cannot narrow `get` to the caller's own Node, so the
-//! agent's token can read every Node object (read only).
+//! agent's token can read every Node object; and, for the startup taint
+//! ([`crate::taint`]), `patch` them.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{ACCEPT, AUTHORIZATION};
-use http_body_util::{BodyExt, Empty, Limited};
+use http::Method;
+use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
@@ -64,16 +68,20 @@ pub enum KubernetesError {
     #[error("the API server address: {0}")]
     Address(#[from] http::Error),
     /// The API server could not be reached or did not answer in time.
-    #[error("GET {uri}: {message}")]
+    #[error("{method} {uri}: {message}")]
     Request {
+        /// The request's method.
+        method: Method,
         /// The request's URI.
         uri: String,
         /// What went wrong.
         message: String,
     },
     /// The API server refused (its `Status` message).
-    #[error("GET {uri}: {code}: {message}")]
+    #[error("{method} {uri}: {code}: {message}")]
     Refused {
+        /// The request's method.
+        method: Method,
         /// The request's URI.
         uri: String,
         /// The HTTP status code.
@@ -121,70 +129,7 @@ struct Status {
 /// [`KubernetesError`]: configuration missing, API server unreachable or
 /// refusing, or a Node without an EC2 provider id.
 pub async fn read(service_account_dir: &Path) -> Result<Found, KubernetesError> {
-    let variable = |name: &'static str| std::env::var(name).map_err(|_| KubernetesError::Unset(name));
-    let node_name = variable("CSI_NODE_NAME")?;
-    if !is_node_name(&node_name) {
-        return Err(KubernetesError::NodeName(node_name));
-    }
-    let host = variable("KUBERNETES_SERVICE_HOST")?;
-    let port = variable("KUBERNETES_SERVICE_PORT")?;
-    let host = if host.contains(':') { format!("[{host}]") } else { host };
-    let uri = format!("https://{host}:{port}/api/v1/nodes/{node_name}");
-    let token = credential(&service_account_dir.join("token"), |bytes| {
-        String::from_utf8(bytes.to_vec())
-            .map(|t| t.trim().to_owned())
-            .map_err(|e| e.to_string())
-    })?;
-    let roots = credential(&service_account_dir.join("ca.crt"), |bytes| {
-        let mut roots = rustls::RootCertStore::empty();
-        for certificate in CertificateDer::pem_slice_iter(bytes) {
-            roots
-                .add(certificate.map_err(|e| e.to_string())?)
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(roots)
-    })?;
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_only()
-        .enable_http1()
-        .build();
-    let client = Client::builder(TokioExecutor::new()).build(connector);
-    let request = http::Request::get(&uri)
-        .header(AUTHORIZATION, format!("Bearer {token}"))
-        .header(ACCEPT, "application/json")
-        .body(Empty::<Bytes>::new())?;
-    let failed = |message: String| KubernetesError::Request {
-        uri: uri.clone(),
-        message,
-    };
-    let (code, body) = tokio::time::timeout(TIMEOUT, async {
-        let response = client.request(request).await.map_err(|e| failed(causes(&e)))?;
-        let code = response.status();
-        let body = Limited::new(response.into_body(), MAX_BODY)
-            .collect()
-            .await
-            .map_err(|e| failed(e.to_string()))?
-            .to_bytes();
-        Ok::<_, KubernetesError>((code, body))
-    })
-    .await
-    .map_err(|_| failed(format!("no answer in {} s", TIMEOUT.as_secs())))??;
-    if !code.is_success() {
-        let message = serde_json::from_slice::<Status>(&body)
-            .map(|s| s.message)
-            .unwrap_or_default();
-        return Err(KubernetesError::Refused {
-            uri,
-            code: code.as_u16(),
-            message,
-        });
-    }
-    let node: Node = serde_json::from_slice(&body)?;
+    let node: Node = serde_json::from_slice(&NodeApi::in_cluster(service_account_dir)?.get().await?)?;
     let instance_id = node
         .spec
         .provider_id
@@ -199,6 +144,120 @@ pub async fn read(service_account_dir: &Path) -> Result<Found, KubernetesError> 
         instance_type: node.metadata.labels.get(TYPE_LABEL).cloned(),
         ..Found::default()
     })
+}
+
+/// This node's Node object, through the in-cluster configuration.
+pub struct NodeApi {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// `https://<host>:<port>/api/v1/nodes/<name>`.
+    uri: String,
+    token: String,
+}
+
+impl NodeApi {
+    /// The client of the Node `CSI_NODE_NAME` names, with the token and CA
+    /// bundle of `service_account_dir`.
+    ///
+    /// # Errors
+    /// A variable unset, a name that is not a Node's, unreadable
+    /// credentials, or a TLS configuration refused.
+    pub fn in_cluster(service_account_dir: &Path) -> Result<Self, KubernetesError> {
+        let variable = |name: &'static str| std::env::var(name).map_err(|_| KubernetesError::Unset(name));
+        let node_name = variable("CSI_NODE_NAME")?;
+        if !is_node_name(&node_name) {
+            return Err(KubernetesError::NodeName(node_name));
+        }
+        let host = variable("KUBERNETES_SERVICE_HOST")?;
+        let port = variable("KUBERNETES_SERVICE_PORT")?;
+        let host = if host.contains(':') { format!("[{host}]") } else { host };
+        let token = credential(&service_account_dir.join("token"), |bytes| {
+            String::from_utf8(bytes.to_vec())
+                .map(|t| t.trim().to_owned())
+                .map_err(|e| e.to_string())
+        })?;
+        let roots = credential(&service_account_dir.join("ca.crt"), |bytes| {
+            let mut roots = rustls::RootCertStore::empty();
+            for certificate in CertificateDer::pem_slice_iter(bytes) {
+                roots
+                    .add(certificate.map_err(|e| e.to_string())?)
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(roots)
+        })?;
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_only()
+            .enable_http1()
+            .build();
+        Ok(Self {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            uri: format!("https://{host}:{port}/api/v1/nodes/{node_name}"),
+            token,
+        })
+    }
+
+    /// The Node object, as JSON.
+    ///
+    /// # Errors
+    /// The API server unreachable or refusing.
+    pub async fn get(&self) -> Result<Bytes, KubernetesError> {
+        self.send(Method::GET, None).await
+    }
+
+    /// Applies a JSON Patch (RFC 6902) to the Node object.
+    ///
+    /// # Errors
+    /// The API server unreachable or refusing: a `test` operation that
+    /// fails is 422 (kube-apiserver answers a patch it cannot apply so,
+    /// kubernetes/kubernetes#68346), a stale object 409.
+    pub async fn patch(&self, patch: &serde_json::Value) -> Result<(), KubernetesError> {
+        self.send(Method::PATCH, Some(patch.to_string())).await.map(drop)
+    }
+
+    async fn send(&self, method: Method, body: Option<String>) -> Result<Bytes, KubernetesError> {
+        let mut request = http::Request::builder()
+            .method(method.clone())
+            .uri(&self.uri)
+            .header(AUTHORIZATION, format!("Bearer {}", self.token))
+            .header(ACCEPT, "application/json");
+        if body.is_some() {
+            request = request.header(CONTENT_TYPE, "application/json-patch+json");
+        }
+        let request = request.body(Full::new(Bytes::from(body.unwrap_or_default())))?;
+        let failed = |message: String| KubernetesError::Request {
+            method: method.clone(),
+            uri: self.uri.clone(),
+            message,
+        };
+        let (code, body) = tokio::time::timeout(TIMEOUT, async {
+            let response = self.client.request(request).await.map_err(|e| failed(causes(&e)))?;
+            let code = response.status();
+            let body = Limited::new(response.into_body(), MAX_BODY)
+                .collect()
+                .await
+                .map_err(|e| failed(e.to_string()))?
+                .to_bytes();
+            Ok::<_, KubernetesError>((code, body))
+        })
+        .await
+        .map_err(|_| failed(format!("no answer in {} s", TIMEOUT.as_secs())))??;
+        if !code.is_success() {
+            let message = serde_json::from_slice::<Status>(&body)
+                .map(|s| s.message)
+                .unwrap_or_default();
+            return Err(KubernetesError::Refused {
+                method,
+                uri: self.uri.clone(),
+                code: code.as_u16(),
+                message,
+            });
+        }
+        Ok(body)
+    }
 }
 
 /// Reads `path` and turns its bytes into a value with `parse`.
