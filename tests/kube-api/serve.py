@@ -139,7 +139,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_PATCH(self):
-        global NODE, conflicts
+        global conflicts
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length).decode()
         content_type = self.headers.get("Content-Type", "")
@@ -190,12 +190,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 code, body = 200, NODE
             else:
                 code, body = status(404, "NotFound", f'nodes "{name}" not found', name)
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.answer(code, body)
 
     def log_message(self, *args):
         pass
