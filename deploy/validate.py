@@ -23,6 +23,7 @@ failure and exits 1 if there was any.
 """
 
 import fnmatch
+import functools
 import json
 import re
 import shutil
@@ -40,12 +41,14 @@ NEWEST_KUBERNETES = "1.37"
 DEPLOY = Path(__file__).resolve().parent
 
 
-def kubernetes_versions():
-    """The oldest supported Kubernetes, as the install guide states it, and
-    the newest: every object must be valid in both (a field newer than the
-    stated minimum, such as CSIDriver's nodeAllocatableUpdatePeriodSeconds
-    of 1.33, is refused by older API servers' client-side validation)."""
-    guide = (DEPLOY.parent / "docs" / "install-kubernetes.md").read_text()
+@functools.cache
+def kubernetes_versions(deploy):
+    """The oldest supported Kubernetes, as the install guide beside `deploy`
+    states it, and the newest: every object must be valid in both (a field
+    newer than the stated minimum, such as CSIDriver's
+    nodeAllocatableUpdatePeriodSeconds of 1.33, is refused by older API
+    servers' client-side validation). Read once per tree."""
+    guide = (deploy.parent / "docs" / "install-kubernetes.md").read_text()
     match = re.search(r"Kubernetes ≥ (\d+\.\d+)", guide)
     if not match:
         fail("docs/install-kubernetes.md", "states no minimum Kubernetes version (\"Kubernetes ≥ X.Y\")")
@@ -114,7 +117,7 @@ def validate_schema(where, obj, versions=None):
     if obj.get("apiVersion", "").startswith("snapshot.storage.k8s.io/"):
         check_snapshot_class(where, obj)
         return
-    for version in versions or kubernetes_versions():
+    for version in versions or kubernetes_versions(DEPLOY):
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as e:

@@ -110,60 +110,50 @@ pub fn expand(template: &str, fields: &HashMap<&str, String>) -> Result<String, 
 
 fn lex(action: &str) -> Result<Vec<Token>, String> {
     let mut tokens = Vec::new();
-    let mut chars = action.char_indices().peekable();
-    while let Some(&(i, c)) = chars.peek() {
-        let word_end = |from: usize| {
-            action[from..]
-                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-                .map_or(action.len(), |n| from + n)
-        };
-        let token = match c {
-            c if c.is_whitespace() => {
-                chars.next();
-                continue;
-            }
-            '(' => Token::Open,
-            ')' => Token::Close,
-            '|' => Token::Pipe,
+    let mut rest = action.trim_start();
+    while let Some(c) = rest.chars().next() {
+        let (token, len) = match c {
+            '(' => (Token::Open, 1),
+            ')' => (Token::Close, 1),
+            '|' => (Token::Pipe, 1),
             '"' | '`' => {
-                let close = action[i + 1..]
+                let close = rest[1..]
                     .find(c)
-                    .ok_or_else(|| format!("a string is not closed: {}", &action[i..]))?;
-                let text = &action[i + 1..i + 1 + close];
+                    .ok_or_else(|| format!("a string is not closed: {rest}"))?;
+                let text = &rest[1..=close];
                 if c == '"' && text.contains('\\') {
                     return Err(format!("escapes in strings are not supported: {text}"));
                 }
-                tokens.push(Token::Text(text.to_owned()));
-                while chars.next_if(|&(j, _)| j <= i + 1 + close).is_some() {}
-                continue;
+                (Token::Text(text.to_owned()), close + 2)
             }
             '.' => {
-                let end = word_end(i + 1);
-                tokens.push(Token::Field(action[i + 1..end].to_owned()));
-                while chars.next_if(|&(j, _)| j < end).is_some() {}
-                continue;
+                let len = word_len(&rest[1..]);
+                (Token::Field(rest[1..=len].to_owned()), len + 1)
             }
-            c if c == '-' || c.is_ascii_digit() => {
-                let end = action[i + 1..]
-                    .find(|c: char| !c.is_ascii_digit())
-                    .map_or(action.len(), |n| i + 1 + n);
-                let number = &action[i..end];
-                tokens.push(Token::Int(number.parse().map_err(|_| format!("bad number {number}"))?));
-                while chars.next_if(|&(j, _)| j < end).is_some() {}
-                continue;
+            '-' | '0'..='9' => {
+                let len = 1 + rest[1..].find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len() - 1);
+                let number = &rest[..len];
+                (
+                    Token::Int(number.parse().map_err(|_| format!("bad number {number}"))?),
+                    len,
+                )
             }
             c if c.is_alphabetic() => {
-                let end = word_end(i);
-                tokens.push(Token::Name(action[i..end].to_owned()));
-                while chars.next_if(|&(j, _)| j < end).is_some() {}
-                continue;
+                let len = word_len(rest);
+                (Token::Name(rest[..len].to_owned()), len)
             }
             other => return Err(format!("unexpected {other:?}")),
         };
         tokens.push(token);
-        chars.next();
+        rest = rest[len..].trim_start();
     }
     Ok(tokens)
+}
+
+/// The length in bytes of the word `text` starts with (letters, digits, `_`).
+fn word_len(text: &str) -> usize {
+    text.find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(text.len())
 }
 
 /// Commands joined by `|`, from `tokens[*at]` to the end or a `)`.

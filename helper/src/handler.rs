@@ -286,11 +286,14 @@ impl Handler {
             open_target(&parent, &target)
                 .and_then(|created| created.ok_or_else(|| system("opening the new target", "vanished")))
                 .and_then(|created| {
-                    if mount::inspect(&created)?.file_type == want_type {
-                        Ok(created)
-                    } else {
-                        Err(system("opening the new target", "replaced during the request"))
+                    // Reopened by name (a directory cannot be created and
+                    // opened in one call): what is there now must still be
+                    // what was created, of its type and empty.
+                    if mount::inspect(&created)?.file_type != want_type {
+                        return Err(system("opening the new target", "replaced during the request"));
                     }
+                    refuse_if_not_empty(&target, &created, want_type)?;
+                    Ok(created)
                 })
                 .and_then(|created| bind_checked(&source, created, &parent, &target, flags, same_source))
                 .inspect_err(|_| {

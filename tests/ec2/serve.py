@@ -817,14 +817,13 @@ class Chaos:
         self.seen = {}
 
     def rng(self, body, salt):
+        """A generator for the request `body`, the how-many-th time it came."""
         digest = hashlib.sha256(body).hexdigest()
-        n = self.seen.get(digest, 0)
-        return random.Random(f"{self.seed}:{digest}:{n}:{salt}")
+        return digest, random.Random(f"{self.seed}:{digest}:{self.seen.get(digest, 0)}:{salt}")
 
     def draw(self, body):
         """The fault for this request (None for most); call once per request."""
-        rng = self.rng(body, "draw")
-        digest = hashlib.sha256(body).hexdigest()
+        digest, rng = self.rng(body, "draw")
         self.seen[digest] = self.seen.get(digest, 0) + 1
         if rng.random() >= self.fraction:
             return None
@@ -832,7 +831,7 @@ class Chaos:
         return tuple(answer) if answer[0] else name
 
     def slow_seconds(self, body):
-        return 0.5 + 2.5 * self.rng(body, "slow").random()
+        return 0.5 + 2.5 * self.rng(body, "slow")[1].random()
 
 
 chaos = Chaos(0, 0.0)

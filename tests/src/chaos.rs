@@ -247,19 +247,6 @@ fn capability() -> VolumeCapability {
     }
 }
 
-/// A small deterministic generator for the kill times (xorshift64*).
-struct Draws(u64);
-
-impl Draws {
-    fn between(&mut self, (low, high): (f64, f64)) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let unit = (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
-        low + (high - low) * unit
-    }
-}
-
 /// Runs the lifecycles and checks the invariants.
 ///
 /// # Panics
@@ -295,11 +282,11 @@ pub async fn run(settings: &Settings) -> Report {
             sandbox.path().to_path_buf(),
             moto.endpoint.clone(),
         );
-        let (mut draws, every) = (Draws(settings.seed | 1), settings.kill_every);
+        let (mut draws, (low, high)) = (fastrand::Rng::with_seed(settings.seed), settings.kill_every);
         std::thread::spawn(move || {
             let mut kills = 0;
             loop {
-                let pause = Instant::now() + Duration::from_secs_f64(draws.between(every));
+                let pause = Instant::now() + Duration::from_secs_f64(low + (high - low) * draws.f64());
                 while Instant::now() < pause {
                     if stop.load(Ordering::Relaxed) {
                         return kills;
