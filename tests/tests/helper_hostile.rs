@@ -208,11 +208,11 @@ fn two_hundred_hostile_requests_change_nothing() {
         };
         requests.push((format!("expand device {bad:?}"), Request::Expand(expand), refused));
     }
-    // Each flag, and the option in it that is refused first.
+    // Each flag, and the option in it that is refused first (the reasons
+    // are `helper/src/options_tests.rs`'s).
     let hostile_flags = [
         ("suid", "suid"),
         ("dev", "dev"),
-        ("exec", "exec"),
         ("bind", "bind"),
         ("rbind", "rbind"),
         ("remount", "remount"),
@@ -228,12 +228,10 @@ fn two_hundred_hostile_requests_change_nothing() {
         ("mode=4777", "mode=4777"),
         ("nosuid,suid", "suid"),
         ("noatime,dev", "dev"),
-        ("x-systemd.automount", "x-systemd.automount"),
         ("loop", "loop"),
         ("defaults,user", "user"),
         ("owner", "owner"),
         ("rw,suid", "suid"),
-        ("data=journal", "data=journal"),
         ("journal_path=/etc/passwd", "journal_path=/etc/passwd"),
         ("errors=panic", "errors=panic"),
         ("\0", "\0"),
@@ -242,11 +240,15 @@ fn two_hundred_hostile_requests_change_nothing() {
         ("commit=1e3", "commit=1e3"),
         ("suid,nouuid", "suid"),
         ("usrjquota=/etc/passwd", "usrjquota=/etc/passwd"),
-        ("jqfmt=vfsv0", "jqfmt=vfsv0"),
+        ("logdev=/dev/sda", "logdev=/dev/sda"),
+        ("rtdev=/dev/sda", "rtdev=/dev/sda"),
+        ("journal_dev=2049", "journal_dev=2049"),
+        ("abort", "abort"),
+        ("nofail,errors=panic", "errors=panic"),
         ("context=\"system_u:object_r:container_file_t:s0\",dev", "dev"),
     ];
     for (flag, first_refused) in hostile_flags {
-        let refused = HelperError::MountOptionRefused(first_refused.to_owned());
+        let refused = HelperError::MountOptionRefused(format!("{first_refused:?} refused: "));
         requests.push((
             format!("stage with {flag:?}"),
             stage(&device, &format!("{root}/staging"), &[flag]),
@@ -267,7 +269,7 @@ fn two_hundred_hostile_requests_change_nothing() {
     assert!(requests.len() >= 200, "{} requests", requests.len());
     for (what, request, expected) in &requests {
         match helper.call(request.clone()) {
-            Err(ebs_csi_helper_proto::ClientError::Helper(e)) => assert_eq!(&e, expected, "{what}"),
+            Err(ebs_csi_helper_proto::ClientError::Helper(e)) => assert!(same_refusal(&e, expected), "{what}: {e:?}"),
             other => panic!("{what}: not refused: {other:?}"),
         }
     }
@@ -453,4 +455,15 @@ fn two_hundred_hostile_requests_change_nothing() {
     );
     assert!(!kubelet.join("target").exists() && !kubelet.join("block").exists());
     assert!(Path::new("/etc/passwd").exists());
+}
+
+/// Whether `e` is `expected`; a refused mount option is expected as the
+/// start of its message (the option), followed by a reason.
+fn same_refusal(e: &HelperError, expected: &HelperError) -> bool {
+    match (e, expected) {
+        (HelperError::MountOptionRefused(message), HelperError::MountOptionRefused(start)) => message
+            .strip_prefix(start.as_str())
+            .is_some_and(|reason| !reason.is_empty()),
+        _ => e == expected,
+    }
 }

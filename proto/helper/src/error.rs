@@ -33,8 +33,9 @@ pub enum HelperError {
         /// What check it failed.
         reason: String,
     },
-    /// A mount option is not on the allowlist.
-    #[error("mount option {0:?} is not allowed")]
+    /// A mount option is refused: the option in double quotes and why
+    /// (`"suid" refused: set-user-ID files …`).
+    #[error("mount option {0}")]
     MountOptionRefused(String),
     /// The device already holds a different filesystem or a partition
     /// table; it is never reformatted.
