@@ -23,6 +23,7 @@ pub mod mounts;
 pub mod options;
 pub mod path;
 pub mod server;
+pub mod stop;
 mod sys;
 
 pub use sys::{clear_environment, close_inherited_fds};

@@ -4,6 +4,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -17,6 +18,7 @@ use ebs_csi_helper::layout::Layout;
 use ebs_csi_helper::mounts::MountTables;
 use ebs_csi_helper::path::AllowedRoots;
 use ebs_csi_helper::server::{self, ServerConfig};
+use ebs_csi_helper::stop::StopSignals;
 use ebs_csi_linux::nvme::{EBS_MODEL, EBS_VENDOR_ID};
 
 /// Formats, mounts, unmounts and grows filesystems on EBS volumes for the
@@ -80,11 +82,20 @@ struct Args {
     /// formatting and growing a 16 TiB volume.
     #[arg(long, default_value_t = 1800, value_parser = clap::value_parser!(u64).range(1..))]
     tool_timeout_seconds: u64,
+    /// Seconds requests in flight (a format, a growth) may go on after
+    /// SIGTERM or SIGINT before the helper exits anyway. Keep it below the
+    /// time the service manager gives (kubelet's grace period, 30 s by
+    /// default; systemd's TimeoutStopSec).
+    #[arg(long, default_value_t = 25)]
+    stop_timeout_seconds: u64,
 }
 
 /// Start-up, in the order of `docs/helper.md`.
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // 0. Block SIGTERM and SIGINT in every thread to come (see
+    //    ebs_csi_helper::stop); one thread takes them once serving.
+    let stop_signals = StopSignals::block().context("blocking SIGTERM and SIGINT")?;
     // 1. Take the systemd socket, if any; close every other inherited fd.
     let activated = ebs_csi_linux::activation::listener_from_systemd().context("taking the socket from systemd")?;
     ebs_csi_helper::close_inherited_fds(activated.is_some()).context("closing inherited descriptors")?;
@@ -144,10 +155,15 @@ fn main() -> anyhow::Result<()> {
         allowed_uids: args.allowed_uids,
         max_connections: args.max_connections,
         io_timeout: Duration::from_secs(args.io_timeout_seconds),
+        stop_timeout: Duration::from_secs(args.stop_timeout_seconds),
     };
     tracing::info!(socket = %args.socket.display(), allowed_uids = ?config.allowed_uids, allowed_roots = ?args.allowed_roots, allowed_layout = ?args.allowed_layout, allow_loop_devices = args.allow_loop_devices, max_parallel_formats = args.max_parallel_formats, "serving");
-    // 8. Serve.
-    server::serve(&listener, handler, &config).context("serving")
+    // 8. Serve until SIGTERM or SIGINT, then let requests in flight finish.
+    let stopping = Arc::new(AtomicBool::new(false));
+    stop_signals
+        .on_signal(Arc::clone(&stopping))
+        .context("starting the signal thread")?;
+    server::serve(&listener, handler, &config, &stopping).context("serving")
 }
 
 /// A PCI vendor id in hex (`0x1d0f`).

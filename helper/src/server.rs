@@ -4,7 +4,7 @@ use std::io::{self, Read};
 use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ebs_csi_helper_proto::{
@@ -26,20 +26,44 @@ pub struct ServerConfig {
     /// Time allowed to send a whole request frame (one deadline for the
     /// frame, however the peer spaces its bytes), and to read the answer.
     pub io_timeout: Duration,
+    /// Once asked to stop, how long requests in flight may go on before
+    /// the helper exits anyway (its tools die with it).
+    pub stop_timeout: Duration,
 }
 
-/// Serves connections on `listener` until it fails.
+/// How often the accept loop looks whether it is asked to stop: the
+/// listening socket's receive timeout (`SO_RCVTIMEO`, which `accept(2)` on
+/// a unix socket honours). Not `shutdown(2)`: under socket activation the
+/// socket is systemd's too, and the next helper takes it.
+const STOP_POLL: Duration = Duration::from_millis(200);
+
+/// Serves connections on `listener` until `stopping` is set, then waits
+/// for the requests in flight, at most [`ServerConfig::stop_timeout`].
+/// Connections still queued are left to the socket: under socket
+/// activation the next helper serves them, otherwise they are reset when
+/// the helper exits.
 ///
 /// Each admitted connection runs on its own thread; the handler orders
 /// the requests (see [`Handler`]).
 ///
 /// # Errors
-/// Never returns on its own; errors on individual connections are logged.
-pub fn serve(listener: &UnixListener, handler: Arc<Handler>, config: &ServerConfig) -> io::Result<()> {
+/// The error setting the listening socket's receive timeout; errors on
+/// individual connections are logged.
+pub fn serve(
+    listener: &UnixListener,
+    handler: Arc<Handler>,
+    config: &ServerConfig,
+    stopping: &AtomicBool,
+) -> io::Result<()> {
+    rustix::net::sockopt::set_socket_timeout(listener, rustix::net::sockopt::Timeout::Recv, Some(STOP_POLL))?;
     let active = Arc::new(AtomicUsize::new(0));
-    for stream in listener.incoming() {
-        let mut stream = match stream {
-            Ok(stream) => stream,
+    while !stopping.load(Ordering::SeqCst) {
+        let mut stream = match listener.accept() {
+            // Taken from the queue as the stop came: closed unanswered,
+            // as the connections left in the queue are.
+            Ok(_) if stopping.load(Ordering::SeqCst) => break,
+            Ok((stream, _)) => stream,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
                 continue;
@@ -68,7 +92,26 @@ pub fn serve(listener: &UnixListener, handler: Arc<Handler>, config: &ServerConf
             tracing::error!(error = %e, "cannot start a connection thread");
         }
     }
+    finish(&active, config.stop_timeout);
     Ok(())
+}
+
+/// Waits until no connection is `active`, or `timeout` has passed.
+fn finish(active: &AtomicUsize, timeout: Duration) {
+    let until = Instant::now() + timeout;
+    let mut in_flight = active.load(Ordering::SeqCst);
+    while in_flight > 0 && Instant::now() < until {
+        std::thread::sleep(STOP_POLL / 4);
+        in_flight = active.load(Ordering::SeqCst);
+    }
+    match in_flight {
+        0 => tracing::info!("stopped: no request in flight"),
+        n => tracing::warn!(
+            in_flight = n,
+            timeout_seconds = timeout.as_secs(),
+            "stopped with requests in flight"
+        ),
+    }
 }
 
 /// The peer's uid if it is allowed; logs and returns `None` otherwise. A

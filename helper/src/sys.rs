@@ -1,5 +1,5 @@
 //! Every `unsafe` block of the helper: `BLKGETDISKSEQ`, `EXT4_IOC_RESIZE_FS`, Landlock, the peer's
-//! credentials, closing inherited descriptors and clearing the environment
+//! credentials, blocking and waiting for the stop signals, closing inherited descriptors and clearing the environment
 //! at start, and setting up a tool's descriptors and capabilities in the
 //! child before it execs. (The
 //! NVMe admin ioctl and taking the socket systemd passes are in
@@ -305,6 +305,42 @@ pub(crate) fn set_up_tool_child(
             seccompiler::apply_filter(&filter).map_err(|_| io::Error::from_raw_os_error(libc::EPERM))?;
             close_from(4)
         });
+    }
+}
+
+/// Blocks `signals` in the calling thread (and so in the threads it starts
+/// later, pthread_sigmask(3)) and returns them as a set for
+/// [`wait_signal`].
+///
+/// # Errors
+/// The error of `pthread_sigmask(3)`.
+pub(crate) fn block_signals(signals: &[libc::c_int]) -> io::Result<libc::sigset_t> {
+    // SAFETY: sigemptyset and sigaddset initialise and fill a set on the
+    // stack; pthread_sigmask reads it and writes no old mask.
+    unsafe {
+        let mut set = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigemptyset(&raw mut set);
+        for signal in signals {
+            libc::sigaddset(&raw mut set, *signal);
+        }
+        match libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut()) {
+            0 => Ok(set),
+            error => Err(io::Error::from_raw_os_error(error)),
+        }
+    }
+}
+
+/// Waits for one signal of `set`, blocked in every thread, and returns its
+/// number (sigwait(3); the system call is `rt_sigtimedwait`).
+///
+/// # Errors
+/// The error of `sigwait(3)`.
+pub(crate) fn wait_signal(set: &libc::sigset_t) -> io::Result<libc::c_int> {
+    let mut signal = 0;
+    // SAFETY: sigwait reads the initialised set and writes one int.
+    match unsafe { libc::sigwait(set, &raw mut signal) } {
+        0 => Ok(signal),
+        error => Err(io::Error::from_raw_os_error(error)),
     }
 }
 

@@ -289,13 +289,30 @@ impl Process {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Waits up to `timeout` for the process to exit: its status, or `None`
+    /// while it still runs.
+    pub fn exit_within(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                _ => return None,
+            }
+        }
+    }
 }
 
 impl Drop for Process {
     /// SIGTERM first, so a process can clean up (the attach simulator
     /// detaches its loop devices), SIGKILL after 5 s.
     fn drop(&mut self) {
-        if let Some(pid) = rustix::process::Pid::from_raw(i32::try_from(self.child.id()).unwrap_or_default()) {
+        // Not once it has exited and been reaped: its pid may be another's.
+        let running = matches!(self.child.try_wait(), Ok(None));
+        if let Some(pid) = rustix::process::Pid::from_raw(i32::try_from(self.child.id()).unwrap_or_default())
+            && running
+        {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -404,6 +421,26 @@ impl Helper {
         command.args(Self::args(dir, &socket)).args(extra);
         let process = spawn("helper", command, dir.join("helper.log"), &socket);
         Self { socket, process }
+    }
+
+    /// The command that runs the helper (with [`Helper::args`] and `extra`)
+    /// as PID 1 of a new PID namespace, as a container's first process
+    /// (`unshare --pid --fork`), printing the namespace's link on stderr
+    /// first. The helper needs `--nested-pid-namespace` there to start.
+    pub fn in_own_pid_namespace(dir: &Path, socket: &Path, extra: &[&str]) -> Command {
+        let mut command = Command::new("unshare");
+        command
+            .args([
+                "--pid",
+                "--fork",
+                "sh",
+                "-c",
+                "readlink /proc/self/ns/pid >&2 && exec \"$0\" \"$@\"",
+            ])
+            .arg(binary("ebs-csi-helper"))
+            .args(Self::args(dir, socket))
+            .args(extra);
+        command
     }
 
     /// The test helper's arguments: listen on `socket`, allow the agent

@@ -183,24 +183,6 @@ fn data_no_prober_recognises_is_never_formatted() {
     assert_eq!(blank.signature(), "TYPE=xfs");
 }
 
-/// `unshare --pid --fork`, printing the new PID namespace's link before it
-/// runs the helper with `args` in it.
-fn helper_in_own_pid_namespace(sandbox: &Sandbox, socket: &Path, extra: &[&str]) -> Command {
-    let mut command = Command::new("unshare");
-    command
-        .args([
-            "--pid",
-            "--fork",
-            "sh",
-            "-c",
-            "readlink /proc/self/ns/pid >&2 && exec \"$0\" \"$@\"",
-        ])
-        .arg(binary("ebs-csi-helper"))
-        .args(Helper::args(sandbox.path(), socket))
-        .args(extra);
-    command
-}
-
 /// F9 residual (E4): a helper in a PID namespace of its own (a pod without
 /// `hostPID`) reads its own container's table as PID 1's, so a disk
 /// mounted only on the host looked unused. It now refuses to start, saying
@@ -212,7 +194,9 @@ fn a_helper_in_a_pid_namespace_of_its_own_refuses_to_start() {
     }
     let sandbox = Sandbox::new();
     let socket = sandbox.path().join("helper/helper.sock");
-    let output = helper_in_own_pid_namespace(&sandbox, &socket, &[]).output().unwrap();
+    let output = Helper::in_own_pid_namespace(sandbox.path(), &socket, &[])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     let (namespace, log) = stderr.split_once('\n').unwrap();
     assert_ne!(namespace, ebs_csi_helper::mounts::INITIAL_PID_NAMESPACE);
@@ -238,7 +222,7 @@ fn a_peer_in_a_pid_namespace_the_helper_cannot_see_is_judged_by_its_uid() {
     }
     let sandbox = Sandbox::new();
     let socket = sandbox.path().join("helper/helper.sock");
-    let command = helper_in_own_pid_namespace(&sandbox, &socket, &["--nested-pid-namespace"]);
+    let command = Helper::in_own_pid_namespace(sandbox.path(), &socket, &["--nested-pid-namespace"]);
     let helper = Helper {
         process: spawn("helper", command, sandbox.path().join("helper.log"), &socket),
         socket,

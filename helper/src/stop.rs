@@ -1,0 +1,55 @@
+//! Stopping on SIGTERM and SIGINT: how systemd, kubelet (through the
+//! container runtime) and a terminal ask the helper to stop.
+//!
+//! The helper blocks both signals before it starts any thread, so every
+//! thread inherits the mask (pthread_sigmask(3)) and the signals stay
+//! pending until one thread takes them with sigwait(3). Blocked, they reach
+//! the helper even as PID 1 of a PID namespace (a container's first
+//! process), where the kernel discards a signal whose action is the
+//! default (pid_namespaces(7), "The namespace init process"; a blocked
+//! signal is never discarded, kernel/signal.c `sig_ignored`). Tools get an
+//! empty mask: `std::process::Command` clears it in the child.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::sys;
+
+const STOPPING: &str = "stopping: no new connections; requests in flight may finish";
+
+/// The stop signals, blocked in the thread that made this and in every
+/// thread it starts afterwards.
+pub struct StopSignals(libc::sigset_t);
+
+impl StopSignals {
+    /// Blocks SIGTERM and SIGINT in the calling thread. Call it before
+    /// starting any thread.
+    ///
+    /// # Errors
+    /// The error of `pthread_sigmask(3)`.
+    pub fn block() -> io::Result<Self> {
+        sys::block_signals(&[libc::SIGTERM, libc::SIGINT]).map(Self)
+    }
+
+    /// Starts a thread (`signals`) that waits for the first stop signal,
+    /// sets `stopping` and logs it. Under the serving seccomp filter it
+    /// needs `rt_sigtimedwait`, sigwait(3)'s system call.
+    ///
+    /// # Errors
+    /// The error starting the thread.
+    pub fn on_signal(self, stopping: Arc<AtomicBool>) -> io::Result<()> {
+        std::thread::Builder::new().name("signals".into()).spawn(move || {
+            let signal = sys::wait_signal(&self.0);
+            // Set before the line is logged: whoever reads the line knows
+            // no new connection is served.
+            stopping.store(true, Ordering::SeqCst);
+            match signal {
+                Ok(libc::SIGINT) => tracing::info!(signal = "SIGINT", "{STOPPING}"),
+                Ok(_) => tracing::info!(signal = "SIGTERM", "{STOPPING}"),
+                Err(error) => tracing::error!(%error, "stopping: sigwait failed"),
+            }
+        })?;
+        Ok(())
+    }
+}
