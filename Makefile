@@ -53,7 +53,7 @@ TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
-.PHONY: all build test demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper \
+.PHONY: all build test demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper instance-types \
 	install install-files static image image-deps validate-deploy vm vm-deps
 
 all: build
@@ -103,7 +103,7 @@ test: deps moto
 	$(MAKE) --no-print-directory vm previous-helper
 	EBS_CSI_VM_DIR=$(CURDIR)/$(VM_DIR) EBS_CSI_PREVIOUS_HELPER=$(PREVIOUS_HELPER) \
 	  $(CARGO) test --workspace --no-fail-fast
-	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy image
+	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy instance-types image
 
 ## previous-helper: the helper of the previous protocol version (3), built
 ## from its commit for tests/tests/helper_upgrade.rs (a rolling upgrade),
@@ -188,6 +188,11 @@ fuzz-smoke: fuzz-tools
 validate-deploy: moto
 	$(VENV)/bin/python deploy/validate.py $(TARGET_DIR)/debug
 	$(VENV)/bin/python deploy/validate.py $(TARGET_DIR)/debug --self-test
+
+## instance-types: agent/data/instance-types.tsv is what generate.py makes
+## of moto's DescribeInstanceTypes capture and its corrections.
+instance-types: moto
+	$(VENV)/bin/python agent/data/generate.py | diff - agent/data/instance-types.tsv
 
 ## static: the three binaries statically linked, for the images, and the
 ## scenario driver of the NVMe test VM (one build: one feature set).

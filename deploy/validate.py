@@ -25,6 +25,7 @@ failure and exits 1 if there was any.
 import fnmatch
 import functools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -161,6 +162,9 @@ def check_agent(where, pod_spec, agent):
     env = {e["name"]: e for e in agent.get("env", [])}
     if env.get("CSI_NODE_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") != "spec.nodeName":
         fail(where, "the agent's CSI_NODE_NAME must come from spec.nodeName")
+    hook = agent.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+    if hook[:2] != ["/usr/bin/ebs-csi-agent", "pre-stop"]:
+        fail(where, "the agent's preStop hook must run ebs-csi-agent pre-stop (a drain waits for the detaches)")
 
 
 def token_volumes(pod_spec):
@@ -188,16 +192,24 @@ def check_node_token(where, pod_spec):
                 fail(where, f"the agent's token is at {mount['mountPath']}, not {SERVICE_ACCOUNT_DIR}")
 
 
+# What the node's service account may do: get Nodes (the `kubernetes`
+# metadata source) and patch them (the startup taint), and list
+# VolumeAttachments (the pre-stop step).
+NODE_RULES = [
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+    {"apiGroups": ["storage.k8s.io"], "resources": ["volumeattachments"], "verbs": ["list"]},
+]
+
+
 def check_node_rbac(where, objects):
-    """The node's service account may get Nodes (the `kubernetes` metadata
-    source) and patch them (the startup taint), and nothing else."""
+    """The node's service account may do NODE_RULES and nothing else."""
     roles = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClusterRole"}
     granted = []
     for binding in (o for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
         if any(s.get("name") == NODE_ACCOUNT for s in binding.get("subjects", [])):
             granted += roles.get(binding["roleRef"]["name"], {}).get("rules", [])
-    if granted != [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]:
-        fail(where, f"{NODE_ACCOUNT} must be allowed to get and patch nodes and nothing else, not {granted}")
+    if granted != NODE_RULES:
+        fail(where, f"{NODE_ACCOUNT} must be allowed {NODE_RULES} and nothing else, not {granted}")
 
 
 def check_helper(where, pod_spec, agent, helper):
@@ -277,14 +289,42 @@ def check_controller(where, deployment):
         fail(f"{where} liveness-probe", f"--probe-timeout {probe}s with the kubelet's timeoutSeconds {kubelet}")
 
 
-def check_overlay(overlay, flags):
+def render(kustomization):
+    """The objects `kubectl kustomize` renders from the directory."""
     rendered = subprocess.run(
-        ["kubectl", "kustomize", str(DEPLOY / "kubernetes/overlays" / overlay)],
-        check=True,
-        capture_output=True,
-        text=True,
+        ["kubectl", "kustomize", str(kustomization)], check=True, capture_output=True, text=True
     ).stdout
-    objects = [o for o in yaml.safe_load_all(rendered) if o]
+    return [o for o in yaml.safe_load_all(rendered) if o]
+
+
+def check_selinux_component():
+    """components/selinux, added to either overlay, sets the CSIDriver's
+    seLinuxMount (as the Go chart's node.selinux) and changes nothing else."""
+    component = DEPLOY / "kubernetes/components/selinux"
+    for overlay in OVERLAYS:
+        where = f"{overlay} + components/selinux"
+        if not component.is_dir():
+            return fail(where, "no component: seLinuxMount cannot be turned on")
+        with tempfile.TemporaryDirectory() as tmp:
+            # kustomize takes relative paths only.
+            kustomization = {
+                "resources": [os.path.relpath(DEPLOY / "kubernetes/overlays" / overlay, tmp)],
+                "components": [os.path.relpath(component, tmp)],
+            }
+            (Path(tmp) / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+            objects = render(tmp)
+        expected = render(DEPLOY / "kubernetes/overlays" / overlay)
+        for obj in expected:
+            if obj["kind"] == "CSIDriver":
+                obj["spec"]["seLinuxMount"] = True
+        if objects != expected:
+            fail(where, "must set the CSIDriver's spec.seLinuxMount to true and change nothing else")
+        for obj in objects:
+            validate_schema(f"{where}: {obj['kind']}/{obj['metadata']['name']}", obj)
+
+
+def check_overlay(overlay, flags):
+    objects = render(DEPLOY / "kubernetes/overlays" / overlay)
     for obj in objects:
         where = f"{overlay}: {obj['kind']}/{obj['metadata']['name']}"
         validate_schema(where, obj)
@@ -294,13 +334,10 @@ def check_overlay(overlay, flags):
         for container in containers(pod_spec):
             check_image(f"{where} {container['name']}", container)
             command = container.get("command", [""])
-            if command[0].startswith("/usr/bin/ebs-csi-"):
-                # The program and its subcommand, if any: "ebs-csi-agent plugin-dir".
-                program = " ".join([Path(command[0]).name] + [c for c in command[1:2] if not c.startswith("-")])
-                if program not in flags:
-                    fail(f"{where} {container['name']}", f"runs {program}, which is not a command of the binaries")
-                else:
-                    check_args(f"{where} {container['name']}", flags[program], command[1:] + container.get("args", []))
+            check_command(f"{where} {container['name']}", command + container.get("args", []), flags)
+            hook = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
+            if hook:
+                check_command(f"{where} {container['name']} preStop", hook, flags)
             privileged_allowed = overlay == "standard" and container["name"] == HELPER_CONTAINER
             if is_privileged(container) != privileged_allowed:
                 state = "privileged" if is_privileged(container) else "not privileged"
@@ -314,6 +351,18 @@ def check_overlay(overlay, flags):
     kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
     if ("CSIDriver", DRIVER) not in kinds:
         fail(overlay, f"no CSIDriver {DRIVER}")
+
+
+def check_command(where, command, flags):
+    """A command of the driver's binaries (the program and its subcommand,
+    if any: "ebs-csi-agent plugin-dir") with flags it accepts."""
+    if not command[0].startswith("/usr/bin/ebs-csi-"):
+        return
+    program = " ".join([Path(command[0]).name] + [c for c in command[1:2] if not c.startswith("-")])
+    if program not in flags:
+        fail(where, f"runs {program}, which is not a command of the binaries")
+    else:
+        check_args(where, flags[program], command[1:])
 
 
 # The driver's own images (named by the overlays' kustomizations) and the
@@ -565,6 +614,7 @@ def check_helper_dropin(plugin_id, helper_flags):
 def check_all(flags):
     for overlay in OVERLAYS:
         check_overlay(overlay, flags)
+    check_selinux_component()
     check_examples()
     check_iam()
     check_nomad(flags)
@@ -578,10 +628,17 @@ BREAKS = [
     ("kubernetes/base/node.yaml", "drop: [ALL]\n          volumeMounts:\n            - name: plugin-dir\n",
      "drop: [ALL]\n              add: [SYS_ADMIN]\n          volumeMounts:\n            - name: plugin-dir\n",
      "ebs-plugin: is privileged"),
-    ("kubernetes/base/node.yaml", "verbs: [get, patch]", "verbs: [get, patch, list]", "get and patch nodes and nothing else"),
+    ("kubernetes/base/node.yaml", "verbs: [get, patch]", "verbs: [get, patch, list]", "and nothing else"),
+    ("kubernetes/base/node.yaml", "verbs: [list]", "verbs: [list, watch, delete]", "and nothing else"),
+    ("kubernetes/components/selinux/kustomization.yaml", "value: true", "value: false",
+     "must set the CSIDriver's spec.seLinuxMount to true"),
+    ("kubernetes/base/node.yaml", "command: [/usr/bin/ebs-csi-agent, pre-stop]", "command: [/bin/sleep, '30']",
+     "preStop hook must run ebs-csi-agent pre-stop"),
+    ("kubernetes/base/node.yaml", "command: [/usr/bin/ebs-csi-agent, pre-stop]",
+     "command: [/usr/bin/ebs-csi-agent, pre-stop, --wait]", "--wait is not a flag"),
     ("../docs/install-kubernetes.md", "Kubernetes ≥ 1.33", "Kubernetes ≥ 1.32",
      "Kubernetes 1.32: spec: Additional properties are not allowed ('nodeAllocatableUpdatePeriodSeconds'"),
-    ("kubernetes/base/node.yaml", "verbs: [get, patch]", "verbs: [get]", "get and patch nodes and nothing else"),
+    ("kubernetes/base/node.yaml", "verbs: [get, patch]", "verbs: [get]", "and nothing else"),
     ("kubernetes/base/node.yaml", "- serviceAccountToken:", "- secret:",
      "the agent mounts no token"),
     ("kubernetes/base/node.yaml", "fieldPath: spec.nodeName", "fieldPath: metadata.name", "CSI_NODE_NAME"),
@@ -671,7 +728,8 @@ def self_test(flags):
 def main():
     bin_dir = Path(sys.argv[1])
     flags = {b: accepted_flags(bin_dir, b) for b in ("ebs-csi-agent", "ebs-csi-controller", "ebs-csi-helper")}
-    flags["ebs-csi-agent plugin-dir"] = accepted_flags(bin_dir, "ebs-csi-agent", "plugin-dir")
+    for command in ("plugin-dir", "pre-stop"):
+        flags[f"ebs-csi-agent {command}"] = accepted_flags(bin_dir, "ebs-csi-agent", command)
     if sys.argv[2:] == ["--self-test"]:
         self_test(flags)
     else:

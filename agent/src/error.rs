@@ -35,6 +35,9 @@ pub enum NodeError {
     /// A local read (statvfs, sysfs, mountinfo) failed.
     #[error("{0}")]
     Internal(String),
+    /// The node's instance type runs on Xen, where no volume is staged.
+    #[error(transparent)]
+    Xen(#[from] crate::limits::XenInstance),
 }
 
 impl From<NodeError> for Status {
@@ -45,6 +48,7 @@ impl From<NodeError> for Status {
             NodeError::DeviceNotFound { .. } => Code::Unavailable,
             NodeError::NotFound(_) => Code::NotFound,
             NodeError::Internal(_) => Code::Internal,
+            NodeError::Xen(_) => Code::FailedPrecondition,
             NodeError::Helper(ClientError::Connect { .. } | ClientError::Frame(_)) => Code::Unavailable,
             NodeError::Helper(ClientError::Helper(e)) => helper_code(e),
         };

@@ -13,10 +13,11 @@
 //!   `MaximumEbsAttachments` already counts the instance store, the GPUs
 //!   and the primary network interface, so each further interface takes
 //!   one more;
-//! - Xen types: network interfaces do not take EBS slots (the API calls
-//!   them shared);
+//! - Xen types: no volume can be staged ([`XenInstance`]): their EBS
+//!   volumes are not NVMe devices, so nothing proves a device is the
+//!   volume named;
 //! - types not in the table: 27, shared (28 slots less the primary
-//!   interface, the most common value).
+//!   interface, the most common value), Nitro.
 //!
 //! The root volume and any other EBS volume the instance booted with take
 //! their slots too (the reserved attachments).
@@ -38,7 +39,21 @@ pub struct Attachments {
     /// Whether further network interfaces take EBS slots: a shared limit
     /// on a type that is not Xen.
     pub shared_with_interfaces: bool,
+    /// Whether the type runs on Xen (`Hypervisor` `xen`).
+    pub xen: bool,
 }
+
+/// A node whose instance type runs on Xen, where ebs-csi stages no volume:
+/// Xen presents EBS volumes as `xvd` block devices without an NVMe
+/// controller, so there is no Identify Controller serial to prove a device
+/// is the volume named, and the helper touches no device it cannot prove.
+/// NodeGetInfo answers FAILED_PRECONDITION, so kubelet does not register
+/// the driver on the node (and the startup taint stays).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "instance type {0} runs on Xen: its EBS volumes are not NVMe devices, so the helper cannot prove a device is the volume named, and no volume is staged on this node; use a Nitro instance type"
+)]
+pub struct XenInstance(pub String);
 
 static TYPES: LazyLock<HashMap<&'static str, Attachments>> = LazyLock::new(|| {
     TABLE
@@ -51,6 +66,7 @@ static TYPES: LazyLock<HashMap<&'static str, Attachments>> = LazyLock::new(|| {
             let attachments = Attachments {
                 maximum: maximum.parse().ok()?,
                 shared_with_interfaces: kind == "shared" && hypervisor != "xen",
+                xen: hypervisor == "xen",
             };
             Some((name, attachments))
         })
@@ -63,6 +79,7 @@ pub fn attachments(instance_type: &str) -> Attachments {
     TYPES.get(instance_type).copied().unwrap_or(Attachments {
         maximum: UNKNOWN_TYPE_MAXIMUM,
         shared_with_interfaces: true,
+        xen: false,
     })
 }
 
@@ -78,10 +95,18 @@ pub struct LimitSettings {
 }
 
 impl LimitSettings {
-    /// `max_volumes_per_node` for the node described by `metadata`.
-    pub fn max_volumes(&self, metadata: &crate::metadata::NodeMetadata) -> u32 {
-        self.fixed
-            .unwrap_or_else(|| max_volumes(&metadata.instance_type, metadata.network_interfaces, self.reserved))
+    /// `max_volumes_per_node` for an instance of `instance_type` with
+    /// `network_interfaces` attached interfaces.
+    ///
+    /// # Errors
+    /// [`XenInstance`] on a Xen type, whatever the settings.
+    pub fn max_volumes(&self, instance_type: &str, network_interfaces: u32) -> Result<u32, XenInstance> {
+        if attachments(instance_type).xen {
+            return Err(XenInstance(instance_type.to_owned()));
+        }
+        Ok(self
+            .fixed
+            .unwrap_or_else(|| max_volumes(instance_type, network_interfaces, self.reserved)))
     }
 }
 
@@ -94,6 +119,7 @@ pub fn max_volumes(instance_type: &str, network_interfaces: u32, reserved: u32) 
     let Attachments {
         maximum,
         shared_with_interfaces,
+        ..
     } = attachments(instance_type);
     let interfaces = if shared_with_interfaces {
         network_interfaces.saturating_sub(1)
@@ -133,9 +159,12 @@ mod tests {
             ("c8i.large", 1, 1, 31),
             ("c6i.metal", 1, 1, 30),
             ("p4d.24xlarge", 4, 1, 27),
-            // Xen: 40, interfaces apart.
-            ("t2.micro", 2, 1, 39),
-            ("m4.xlarge", 4, 1, 39),
+            // G4ad: missing from moto's capture (agent/data/generate.py).
+            ("g4ad.xlarge", 1, 1, 24),
+            ("g4ad.16xlarge", 2, 1, 19),
+            // Metal types the API calls shared, dedicated in fact.
+            ("i7i.metal-48xl", 4, 1, 78),
+            ("x8i.metal-96xl", 1, 1, 78),
             ("z9.unknown", 1, 1, 26),
             ("z9.unknown", 2, 1, 25),
             ("m5.large", 40, 1, 1),
@@ -145,6 +174,22 @@ mod tests {
                 expected,
                 "{instance_type} with {enis} interfaces, {reserved} reserved"
             );
+        }
+    }
+
+    #[test]
+    fn a_xen_type_takes_no_volume_whatever_the_settings() {
+        for fixed in [None, Some(20)] {
+            let settings = LimitSettings { fixed, reserved: 1 };
+            for xen in ["t2.micro", "m4.xlarge", "c4.large", "i3.large"] {
+                assert_eq!(
+                    settings.max_volumes(xen, 1).unwrap_err().to_string(),
+                    format!(
+                        "instance type {xen} runs on Xen: its EBS volumes are not NVMe devices, so the helper cannot prove a device is the volume named, and no volume is staged on this node; use a Nitro instance type"
+                    )
+                );
+            }
+            assert!(settings.max_volumes("m5.large", 1).is_ok());
         }
     }
 }

@@ -10,6 +10,7 @@ mod metadata;
 mod metrics;
 mod node;
 mod plugin_dir;
+mod pre_stop;
 mod request;
 mod server;
 mod statistics;
@@ -29,6 +30,7 @@ use crate::discovery::DeviceFinder;
 use crate::helper::Helper;
 use crate::identity::IdentityService;
 use crate::limits::LimitSettings;
+use crate::metadata::kubernetes::NodeApi;
 use crate::metadata::{Found, Settings, Source};
 use crate::metrics::NodeMetrics;
 use crate::node::NodeService;
@@ -117,6 +119,19 @@ enum Command {
     Devices,
     /// Print the node's metadata as NodeGetInfo would report it and exit.
     Metadata,
+    /// The step before the agent stops (the DaemonSet's preStop hook,
+    /// systemd's ExecStop): when this node is being drained (unschedulable,
+    /// or tainted by a drain, Cluster Autoscaler or Karpenter) or its Node
+    /// is gone, wait until no VolumeAttachment of this driver names it.
+    /// Uses CSI_NODE_NAME and the in-cluster configuration; without
+    /// KUBERNETES_SERVICE_HOST there is nothing to wait for.
+    PreStop {
+        /// Give up after this many seconds (exit 1, naming the attachments
+        /// left); by default the pod's grace period or systemd's
+        /// TimeoutStopSec ends the wait.
+        #[arg(long)]
+        timeout_seconds: Option<u64>,
+    },
     /// Make the agent's user the owner of the directory its socket goes in
     /// (kubelet creates it root's), then exit. Needs CAP_CHOWN.
     PluginDir {
@@ -139,6 +154,17 @@ async fn main() -> anyhow::Result<()> {
     match &args.command {
         Some(Command::Devices) => {
             print!("{}", devices::table(&devices::list(&args.sys_dir, &args.dev_dir)));
+            return Ok(());
+        }
+        Some(Command::PreStop { timeout_seconds }) => {
+            if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
+                tracing::info!("pre-stop: not on Kubernetes (KUBERNETES_SERVICE_HOST is not set); nothing to wait for");
+                return Ok(());
+            }
+            let api = NodeApi::in_cluster(&args.service_account_dir).context("pre-stop")?;
+            pre_stop::run(&api, timeout_seconds.map(Duration::from_secs))
+                .await
+                .context("pre-stop")?;
             return Ok(());
         }
         Some(Command::PluginDir { path, uid, gid }) => {
@@ -164,16 +190,20 @@ async fn main() -> anyhow::Result<()> {
         fixed: args.volume_attach_limit,
         reserved: args.reserved_volume_attachments.unwrap_or(1 + metadata.boot_volumes),
     };
-    let max_volumes = limit.max_volumes(&metadata);
+    let max_volumes = limit.max_volumes(&metadata.instance_type, metadata.network_interfaces.unwrap_or(1));
     if let Some(Command::Metadata) = args.command {
+        let max_volumes = max_volumes.map_or_else(|e| e.to_string(), |n| n.to_string());
         println!(
             "instance id\t{}\navailability zone\t{}\ninstance type\t{}\nmax volumes\t{max_volumes}",
             metadata.instance_id, metadata.availability_zone, metadata.instance_type
         );
         return Ok(());
     }
+    if let Err(e) = &max_volumes {
+        tracing::error!(error = %e, "NodeGetInfo will fail: kubelet does not register the driver on this node");
+    }
     let socket = ebs_csi_proto::endpoint::socket_path(&args.endpoint)?;
-    tracing::info!(node_id = %metadata.instance_id, zone = %metadata.availability_zone, instance_type = %metadata.instance_type, max_volumes, "node");
+    tracing::info!(node_id = %metadata.instance_id, zone = %metadata.availability_zone, instance_type = %metadata.instance_type, max_volumes = max_volumes.as_ref().ok(), "node");
     let helper = Helper::new(args.helper_socket, Duration::from_secs(args.helper_timeout_seconds));
     if args.metrics.http_endpoint.is_some() {
         let metrics = NodeMetrics::new(helper.clone(), args.sys_dir.clone(), metadata.instance_id.clone())?;

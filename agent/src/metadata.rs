@@ -38,9 +38,10 @@ pub struct NodeMetadata {
     pub outpost_arn: Option<String>,
     /// Instance type, e.g. `m5.large`.
     pub instance_type: String,
-    /// Attached network interfaces (they share attachment slots on most
-    /// Nitro types); 1 when not read from IMDS.
-    pub network_interfaces: u32,
+    /// Attached network interfaces at start (they share attachment slots
+    /// on most Nitro types), when read from IMDS; NodeGetInfo reads them
+    /// again. Without IMDS one is assumed.
+    pub network_interfaces: Option<u32>,
     /// EBS volumes besides the root that the instance was launched or last
     /// started with (IMDS `block-device-mapping/ebsN`); 0 when not read.
     pub boot_volumes: u32,
@@ -88,7 +89,7 @@ impl Found {
             availability_zone_id: self.availability_zone_id,
             outpost_arn: self.outpost_arn,
             instance_type: self.instance_type.ok_or("instance type")?,
-            network_interfaces: self.network_interfaces.unwrap_or(1),
+            network_interfaces: self.network_interfaces,
             boot_volumes: self.boot_volumes.unwrap_or(0),
         })
     }

@@ -72,7 +72,7 @@ async fn dmi_completes_with_the_zone_flag_and_fails_without_it() {
             availability_zone_id: None,
             outpost_arn: None,
             instance_type: "m5.large".into(),
-            network_interfaces: 1,
+            network_interfaces: None,
             boot_volumes: 0,
         }
     );

@@ -2,6 +2,7 @@
 //! finds the device if it needs one, and asks the helper for the change.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use ebs_csi_helper_proto::{
@@ -27,8 +28,8 @@ use tonic::{Request, Response, Status};
 use crate::discovery::DeviceFinder;
 use crate::error::NodeError;
 use crate::helper::Helper;
-use crate::limits::LimitSettings;
-use crate::metadata::NodeMetadata;
+use crate::limits::{self, LimitSettings};
+use crate::metadata::{NodeMetadata, imds};
 use crate::request::{self, Access};
 use crate::stats;
 
@@ -45,6 +46,8 @@ pub struct NodeService {
     in_flight: InFlight,
     metadata: NodeMetadata,
     limit: LimitSettings,
+    /// The network interfaces IMDS listed last (see [`NodeService::info`]).
+    network_interfaces: AtomicU32,
     device_wait: Duration,
     /// Becomes true once NodeGetInfo has been answered (kubelet registers
     /// a plugin with it).
@@ -66,6 +69,7 @@ impl NodeService {
             helper,
             finder,
             in_flight: InFlight::default(),
+            network_interfaces: AtomicU32::new(metadata.network_interfaces.unwrap_or(1)),
             metadata,
             limit,
             device_wait,
@@ -318,8 +322,10 @@ impl Node for NodeService {
     }
 
     async fn node_get_info(&self, _: Request<NodeGetInfoRequest>) -> Result<Response<NodeGetInfoResponse>, Status> {
-        let answer = observed("NodeGetInfo", "", false, async { Ok::<_, Status>(self.info()) }).await;
-        self.info_answered.send_replace(true);
+        let answer = observed("NodeGetInfo", "", false, self.info()).await;
+        if answer.is_ok() {
+            self.info_answered.send_replace(true);
+        }
         answer
     }
 }
@@ -343,11 +349,16 @@ fn capabilities() -> NodeGetCapabilitiesResponse {
 
 impl NodeService {
     /// NodeGetInfo's answer: this node's id, attachment limit and topology.
-    fn info(&self) -> NodeGetInfoResponse {
+    ///
+    /// # Errors
+    /// [`NodeError::Xen`] (FAILED_PRECONDITION) on a Xen instance type.
+    async fn info(&self) -> Result<NodeGetInfoResponse, NodeError> {
         let zone = &self.metadata.availability_zone;
-        NodeGetInfoResponse {
+        let interfaces = self.network_interfaces().await;
+        let max_volumes = self.limit.max_volumes(&self.metadata.instance_type, interfaces)?;
+        Ok(NodeGetInfoResponse {
             node_id: self.metadata.instance_id.clone(),
-            max_volumes_per_node: i64::from(self.limit.max_volumes(&self.metadata)),
+            max_volumes_per_node: i64::from(max_volumes),
             accessible_topology: Some(Topology {
                 segments: [
                     (TOPOLOGY_KEY_ZONE.to_owned(), zone.clone()),
@@ -372,6 +383,36 @@ impl NodeService {
                 )
                 .collect(),
             }),
+        })
+    }
+
+    /// The network interfaces attached now, where they share attachment
+    /// slots and the start read them from IMDS: read again, so an interface
+    /// attached since (the VPC CNI adds them as pods come) takes its slot in
+    /// the limit kubelet asks for every `nodeAllocatableUpdatePeriodSeconds`
+    /// (KEP-4876); the last count when IMDS does not answer.
+    async fn network_interfaces(&self) -> u32 {
+        let last = self.network_interfaces.load(Ordering::Relaxed);
+        let shared = limits::attachments(&self.metadata.instance_type).shared_with_interfaces;
+        if self.metadata.network_interfaces.is_none() || self.limit.fixed.is_some() || !shared {
+            return last;
+        }
+        match imds::network_interfaces().await {
+            Ok(now) => {
+                if now != last {
+                    tracing::info!(
+                        network_interfaces = now,
+                        before = last,
+                        "the network interfaces changed"
+                    );
+                }
+                self.network_interfaces.store(now, Ordering::Relaxed);
+                now
+            }
+            Err(error) => {
+                tracing::warn!(%error, network_interfaces = last, "network interfaces not read again; the last count stands");
+                last
+            }
         }
     }
 }

@@ -182,9 +182,13 @@ fn mount_attributes(flags: MountFlags) -> MountAttrFlags {
 }
 
 /// Whether SELinux is enabled: its filesystem is mounted (libselinux's
-/// `is_selinux_enabled` test).
+/// `is_selinux_enabled` test), or, in a container that has a sysfs of its
+/// own without it, the process has an SELinux context (the kernel answers
+/// `/proc/self/attr/selinux/current` only while SELinux is active; the
+/// per-module directories of `/proc/PID/attr` are in Linux 5.1 and later).
 fn selinux_enabled() -> bool {
     std::path::Path::new("/sys/fs/selinux/enforce").exists()
+        || std::fs::read("/proc/self/attr/selinux/current").is_ok_and(|context| !context.is_empty())
 }
 
 /// A detached bind mount of `source` (`open_tree(2)` with

@@ -1,15 +1,21 @@
 """The part of the Kubernetes API the agent uses, on 127.0.0.1 over TLS:
-`GET /api/v1/nodes/<name>` (the `kubernetes` metadata source) and `PATCH`
-of it with a JSON Patch (removing the startup taint).
+`GET /api/v1/nodes/<name>` (the `kubernetes` metadata source), `PATCH`
+of it with a JSON Patch (removing the startup taint), and `GET
+/apis/storage.k8s.io/v1/volumeattachments` (the pre-stop step).
 
-Usage: serve.py DIR [--taints JSON] [--conflicts N]. Writes DIR/ca.crt (a
+Usage: serve.py DIR [--taints JSON] [--unschedulable] [--conflicts N]
+[--volume-attachments JSON]. Writes DIR/ca.crt (a
 fresh CA that signed the server's certificate for IP 127.0.0.1) and
 DIR/token (the only bearer token accepted), prints the port on one line,
 then logs one line per request to DIR/requests.log and writes the Node as
 it is after each change to DIR/node.json. --taints gives the Node's
-`spec.taints`; --conflicts N makes another writer (kubelet updating the
+`spec.taints`, --unschedulable sets `spec.unschedulable` (as `kubectl
+drain` does); --conflicts N makes another writer (kubelet updating the
 Node's status) change the Node between the agent's read and its next N
-patches.
+patches. --volume-attachments gives the VolumeAttachment objects, written
+to DIR/volumeattachments.json and read again at each request, so a test
+deletes one by rewriting the file (as the attach/detach controller deletes
+it once the volume is detached).
 
 Answers as kube-apiserver does (Kubernetes API reference, "Status" kind;
 the messages are apiserver's, e.g. `nodes "x" not found`):
@@ -17,6 +23,7 @@ the messages are apiserver's, e.g. `nodes "x" not found`):
 - the node named `forbidden`: 403 Status, reason Forbidden, with RBAC's
   message for a service account without `get` on nodes;
 - node.json's node: 200, that Node object (EKS node, `kubectl get -o json`);
+- the VolumeAttachments: 200, a VolumeAttachmentList (storage.k8s.io/v1);
 - any other name: 404 Status, reason NotFound;
 - PATCH with `application/json-patch+json` (RFC 6902; the `test`,
   `replace`, `add` and `remove` operations): the patched Node, its
@@ -129,6 +136,7 @@ def apply(document, patch):
 class Handler(http.server.BaseHTTPRequestHandler):
     log_path = None
     node_path = None
+    attachments_path = None
 
     def answer(self, code, body):
         data = json.dumps(body).encode()
@@ -177,6 +185,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         prefix = "/api/v1/nodes/"
         if self.headers.get("Authorization") != f"Bearer {TOKEN}":
             code, body = status(401, "Unauthorized", "Unauthorized")
+        elif self.path == "/apis/storage.k8s.io/v1/volumeattachments":
+            items = json.loads(self.attachments_path.read_text())
+            code, body = 200, {"kind": "VolumeAttachmentList", "apiVersion": "storage.k8s.io/v1",
+                               "metadata": {"resourceVersion": NODE["metadata"]["resourceVersion"]}, "items": items}
         elif not self.path.startswith(prefix):
             code, body = status(404, "NotFound", "the server could not find the requested resource")
         else:
@@ -201,17 +213,23 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("directory", type=Path)
     parser.add_argument("--taints", type=json.loads)
+    parser.add_argument("--unschedulable", action="store_true")
     parser.add_argument("--conflicts", type=int, default=0)
+    parser.add_argument("--volume-attachments", type=json.loads, default=[])
     args = parser.parse_args()
     directory = args.directory
     if args.taints is not None:
         NODE = dict(NODE, spec=dict(NODE["spec"], taints=args.taints))
+    if args.unschedulable:
+        NODE = dict(NODE, spec=dict(NODE["spec"], unschedulable=True))
     conflicts = args.conflicts
     pem = certificates(directory)
     (directory / "token").write_text(TOKEN)
     Handler.log_path = directory / "requests.log"
     Handler.node_path = directory / "node.json"
     Handler.node_path.write_text(json.dumps(NODE))
+    Handler.attachments_path = directory / "volumeattachments.json"
+    Handler.attachments_path.write_text(json.dumps(args.volume_attachments))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(pem)

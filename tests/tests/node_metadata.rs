@@ -13,22 +13,33 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 
 use ebs_csi_proto::v1::{NodeGetInfoRequest, NodeGetInfoResponse};
-use ebs_csi_tests::{Agent, Helper, Sandbox, binary, repository, require_root, venv_program, wait_until};
+use ebs_csi_tests::kube_api::{KubeApi, NODE_NAME};
+use ebs_csi_tests::{Agent, Helper, Sandbox, binary, require_root, wait_until};
 
 const TOKEN: &str = "stub-token";
 
+/// The IMDS stub: its address, the log of requests, and the MAC addresses
+/// of the instance's network interfaces it lists (one per line, as
+/// `network/interfaces/macs/`), which a test may change.
+struct ImdsStub {
+    address: String,
+    log: Arc<Mutex<Vec<String>>>,
+    macs: Arc<Mutex<String>>,
+}
+
 /// Serves IMDSv2 on loopback: a session token from `PUT /latest/api/token`
 /// (with the TTL header aws-config requires), then metadata paths only
-/// with that token. Returns the address and the log of requests.
-fn start_imds_stub() -> (String, Arc<Mutex<Vec<String>>>) {
+/// with that token.
+fn start_imds_stub() -> ImdsStub {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = format!("http://{}", listener.local_addr().unwrap());
     let log = Arc::new(Mutex::new(Vec::new()));
-    let served = Arc::clone(&log);
+    let macs = Arc::new(Mutex::new("0a:00:00:00:00:01/\n0a:00:00:00:00:02/".to_owned()));
+    let (served, listed) = (Arc::clone(&log), Arc::clone(&macs));
     std::thread::spawn(move || {
         for stream in listener.incoming().take(50) {
             let Ok(mut stream) = stream else { continue };
@@ -46,6 +57,7 @@ fn start_imds_stub() -> (String, Arc<Mutex<Vec<String>>>) {
                 .iter()
                 .any(|h| h.to_ascii_lowercase() == format!("x-aws-ec2-metadata-token: {TOKEN}"));
             served.lock().unwrap().push(request_line.clone());
+            let macs_now = listed.lock().unwrap().clone();
             let (status, extra, body) = match (request_line.split(' ').next(), request_line.split(' ').nth(1)) {
                 (Some("PUT"), Some("/latest/api/token")) => {
                     ("200 OK", "x-aws-ec2-metadata-token-ttl-seconds: 21600\r\n", TOKEN)
@@ -62,9 +74,7 @@ fn start_imds_stub() -> (String, Arc<Mutex<Vec<String>>>) {
                     "arn:aws:outposts:eu-west-1:111122223333:outpost/op-0123456789abcdef0",
                 ),
                 (Some("GET"), Some("/latest/meta-data/instance-type")) => ("200 OK", "", "m5.xlarge"),
-                (Some("GET"), Some("/latest/meta-data/network/interfaces/macs/")) => {
-                    ("200 OK", "", "0a:00:00:00:00:01/\n0a:00:00:00:00:02/")
-                }
+                (Some("GET"), Some("/latest/meta-data/network/interfaces/macs/")) => ("200 OK", "", macs_now.as_str()),
                 // One entry per line: `ami`, `root`, `ebsN` for each EBS
                 // volume besides the root, `ephemeralN` (EC2 User Guide,
                 // "Instance metadata categories", block-device-mapping/).
@@ -80,7 +90,7 @@ fn start_imds_stub() -> (String, Arc<Mutex<Vec<String>>>) {
             let _ = stream.write_all(response.as_bytes());
         }
     });
-    (address, log)
+    ImdsStub { address, log, macs }
 }
 
 async fn node_info(agent: &Agent) -> NodeGetInfoResponse {
@@ -93,7 +103,11 @@ async fn node_info_comes_from_imds_when_flags_are_absent() {
     if !require_root() {
         return;
     }
-    let (endpoint, log) = start_imds_stub();
+    let ImdsStub {
+        address: endpoint,
+        log,
+        macs,
+    } = start_imds_stub();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let agent = Agent::spawn(
@@ -107,6 +121,10 @@ async fn node_info_comes_from_imds_when_flags_are_absent() {
     // m5.xlarge: EC2's MaximumEbsAttachments is 27 (shared); minus the
     // second ENI, the root and the two boot EBS volumes.
     assert_eq!(info.max_volumes_per_node, 23);
+    // The VPC CNI attaches a third interface: it takes a slot at the next
+    // NodeGetInfo (kubelet asks again every nodeAllocatableUpdatePeriodSeconds).
+    macs.lock().unwrap().push_str("\n0a:00:00:00:00:03/");
+    assert_eq!(node_info(&agent).await.max_volumes_per_node, 22);
     let segments = info.accessible_topology.unwrap().segments;
     assert_eq!(
         segments.get("topology.kubernetes.io/zone").map(String::as_str),
@@ -156,7 +174,7 @@ async fn reserved_attachments_flag_replaces_the_boot_volumes() {
     if !require_root() {
         return;
     }
-    let (endpoint, _) = start_imds_stub();
+    let endpoint = start_imds_stub().address;
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let agent = Agent::spawn(
@@ -168,61 +186,6 @@ async fn reserved_attachments_flag_replaces_the_boot_volumes() {
     let info = node_info(&agent).await;
     // m5.xlarge: 27, minus the second ENI, minus the 5 reserved.
     assert_eq!(info.max_volumes_per_node, 21);
-}
-
-/// The node `tests/kube-api/node.json` describes.
-const NODE_NAME: &str = "ip-10-0-1-23.eu-west-1.compute.internal";
-
-/// `tests/kube-api/serve.py` on 127.0.0.1: its CA bundle and token in
-/// `dir`, killed on drop.
-struct KubeApi {
-    child: Child,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl KubeApi {
-    fn start() -> Self {
-        Self::start_with(&[])
-    }
-
-    /// With serve.py's options (`--taints`, `--conflicts`).
-    fn start_with(args: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(venv_program("python"))
-            .arg(repository().join("tests/kube-api/serve.py"))
-            .arg(dir.path())
-            .args(args)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line.trim().parse().unwrap();
-        Self { child, port, dir }
-    }
-
-    fn service_account_dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn requests(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("requests.log")).unwrap_or_default()
-    }
-
-    /// The Node as the API server has it now.
-    fn node(&self) -> serde_json::Value {
-        serde_json::from_slice(&std::fs::read(self.dir.path().join("node.json")).unwrap()).unwrap()
-    }
-}
-
-impl Drop for KubeApi {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Runs `ebs-csi-agent [args] metadata` with the in-cluster variables for
@@ -390,6 +353,40 @@ async fn the_startup_taint_goes_once_the_node_is_ready() {
     );
     assert!(
         agent.process.log().contains("removed the startup taint"),
+        "{}",
+        agent.process.log()
+    );
+}
+
+/// On a Xen instance type the helper can prove no device (no NVMe serial),
+/// so NodeGetInfo fails FAILED_PRECONDITION saying why: kubelet does not
+/// register the driver there, rather than offering 39 slots no volume can
+/// use. (The Go driver reports 39 and stages through `devicePath`.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_xen_node_is_not_offered_to_kubelet() {
+    if !require_root() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let args = [
+        "--node-id",
+        "i-0123456789abcdef0",
+        "--availability-zone",
+        "eu-west-1a",
+        "--instance-type",
+        "m4.xlarge",
+    ];
+    let agent = Agent::spawn(&sandbox, &helper, &args, &[]);
+    let mut node = agent.node().await;
+    let status = node.node_get_info(NodeGetInfoRequest {}).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        status.message(),
+        "instance type m4.xlarge runs on Xen: its EBS volumes are not NVMe devices, so the helper cannot prove a device is the volume named, and no volume is staged on this node; use a Nitro instance type"
+    );
+    assert!(
+        agent.process.log().contains("NodeGetInfo will fail"),
         "{}",
         agent.process.log()
     );

@@ -26,19 +26,7 @@ pub struct ImdsError {
 /// node reports no zone id, without the other only the root is reserved).
 pub async fn read() -> Result<Found, ImdsError> {
     let client = Client::builder().build();
-    let get = |path: &'static str| {
-        let client = client.clone();
-        async move {
-            client
-                .get(path)
-                .await
-                .map(|v| v.as_ref().trim().to_owned())
-                .map_err(|e| ImdsError {
-                    path,
-                    message: causes(&e),
-                })
-        }
-    };
+    let get = |path: &'static str| get(&client, path);
     let instance_id = get("/latest/meta-data/instance-id").await?;
     let availability_zone = get("/latest/meta-data/placement/availability-zone").await?;
     let availability_zone_id = match get("/latest/meta-data/placement/availability-zone-id").await {
@@ -52,10 +40,7 @@ pub async fn read() -> Result<Found, ImdsError> {
     // metadata categories": outpost-arn).
     let outpost_arn = get("/latest/meta-data/outpost-arn").await.ok();
     let instance_type = get("/latest/meta-data/instance-type").await?;
-    let macs = get("/latest/meta-data/network/interfaces/macs/").await?;
-    let network_interfaces = u32::try_from(macs.lines().filter(|l| !l.trim().is_empty()).count())
-        .unwrap_or(1)
-        .max(1);
+    let network_interfaces = count_interfaces(&client).await?;
     // Entries are `ami`, `root`, `ebsN`, `ephemeralN`, `swap` (EC2 User
     // Guide, "Instance metadata categories").
     let boot_volumes = match get("/latest/meta-data/block-device-mapping/").await {
@@ -74,4 +59,34 @@ pub async fn read() -> Result<Found, ImdsError> {
         network_interfaces: Some(network_interfaces),
         boot_volumes,
     })
+}
+
+/// The network interfaces attached now (one line per interface's MAC
+/// address in `network/interfaces/macs/`; EC2 User Guide, "Instance
+/// metadata categories"), at least one: an interface attached after the
+/// instance started (the VPC CNI attaches them as pods come) is listed.
+///
+/// # Errors
+/// [`ImdsError`] when IMDS does not answer.
+pub async fn network_interfaces() -> Result<u32, ImdsError> {
+    count_interfaces(&Client::builder().build()).await
+}
+
+async fn count_interfaces(client: &Client) -> Result<u32, ImdsError> {
+    let macs = get(client, "/latest/meta-data/network/interfaces/macs/").await?;
+    Ok(u32::try_from(macs.lines().filter(|l| !l.trim().is_empty()).count())
+        .unwrap_or(1)
+        .max(1))
+}
+
+/// The value at `path`, trimmed.
+async fn get(client: &Client, path: &'static str) -> Result<String, ImdsError> {
+    client
+        .get(path)
+        .await
+        .map(|v| v.as_ref().trim().to_owned())
+        .map_err(|e| ImdsError {
+            path,
+            message: causes(&e),
+        })
 }

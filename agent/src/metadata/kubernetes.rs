@@ -11,8 +11,9 @@
 //! label, the type the `node.kubernetes.io/instance-type` label.
 //!
 //! The cost: RBAC cannot narrow `get` to the caller's own Node, so the
-//! agent's token can read every Node object; and, for the startup taint
-//! ([`crate::taint`]), `patch` them.
+//! agent's token can read every Node object; for the startup taint
+//! ([`crate::taint`]), `patch` them; and, for the pre-stop step
+//! ([`crate::pre_stop`]), list every VolumeAttachment.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -146,11 +147,14 @@ pub async fn read(service_account_dir: &Path) -> Result<Found, KubernetesError> 
     })
 }
 
-/// This node's Node object, through the in-cluster configuration.
+/// This node's Node object, and the VolumeAttachments that name it,
+/// through the in-cluster configuration.
 pub struct NodeApi {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
-    /// `https://<host>:<port>/api/v1/nodes/<name>`.
-    uri: String,
+    /// `https://<host>:<port>`.
+    server: String,
+    /// The Node's name (`CSI_NODE_NAME`).
+    node_name: String,
     token: String,
 }
 
@@ -195,17 +199,35 @@ impl NodeApi {
             .build();
         Ok(Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
-            uri: format!("https://{host}:{port}/api/v1/nodes/{node_name}"),
+            server: format!("https://{host}:{port}"),
+            node_name,
             token,
         })
+    }
+
+    /// The Node's name.
+    pub fn node_name(&self) -> &str {
+        &self.node_name
     }
 
     /// The Node object, as JSON.
     ///
     /// # Errors
-    /// The API server unreachable or refusing.
+    /// The API server unreachable or refusing (404 when the Node is gone).
     pub async fn get(&self) -> Result<Bytes, KubernetesError> {
-        self.send(Method::GET, None).await
+        self.send(Method::GET, &self.node_path(), None).await
+    }
+
+    /// Every VolumeAttachment of the cluster (storage.k8s.io/v1; the API
+    /// has no field selector on `spec.nodeName`), as a VolumeAttachmentList
+    /// in JSON.
+    ///
+    /// # Errors
+    /// The API server unreachable or refusing (403 without RBAC's `list`
+    /// on volumeattachments).
+    pub async fn volume_attachments(&self) -> Result<Bytes, KubernetesError> {
+        self.send(Method::GET, "/apis/storage.k8s.io/v1/volumeattachments", None)
+            .await
     }
 
     /// Applies a JSON Patch (RFC 6902) to the Node object.
@@ -215,13 +237,20 @@ impl NodeApi {
     /// fails is 422 (kube-apiserver answers a patch it cannot apply so,
     /// kubernetes/kubernetes#68346), a stale object 409.
     pub async fn patch(&self, patch: &serde_json::Value) -> Result<(), KubernetesError> {
-        self.send(Method::PATCH, Some(patch.to_string())).await.map(drop)
+        self.send(Method::PATCH, &self.node_path(), Some(patch.to_string()))
+            .await
+            .map(drop)
     }
 
-    async fn send(&self, method: Method, body: Option<String>) -> Result<Bytes, KubernetesError> {
+    fn node_path(&self) -> String {
+        format!("/api/v1/nodes/{}", self.node_name)
+    }
+
+    async fn send(&self, method: Method, path: &str, body: Option<String>) -> Result<Bytes, KubernetesError> {
+        let uri = format!("{}{path}", self.server);
         let mut request = http::Request::builder()
             .method(method.clone())
-            .uri(&self.uri)
+            .uri(&uri)
             .header(AUTHORIZATION, format!("Bearer {}", self.token))
             .header(ACCEPT, "application/json");
         if body.is_some() {
@@ -230,7 +259,7 @@ impl NodeApi {
         let request = request.body(Full::new(Bytes::from(body.unwrap_or_default())))?;
         let failed = |message: String| KubernetesError::Request {
             method: method.clone(),
-            uri: self.uri.clone(),
+            uri: uri.clone(),
             message,
         };
         let (code, body) = tokio::time::timeout(TIMEOUT, async {
@@ -251,7 +280,7 @@ impl NodeApi {
                 .unwrap_or_default();
             return Err(KubernetesError::Refused {
                 method,
-                uri: self.uri.clone(),
+                uri,
                 code: code.as_u16(),
                 message,
             });
