@@ -33,6 +33,8 @@ IMAGE_PACKAGES := buildah podman runc
 # (NVMe and PCI hot-plug built in; xfs and device-mapper as modules) unpacked from its
 # package without installing it, and an initramfs of static binaries.
 VM_DIR := target/vm
+# The output of the last `make test`'s cargo test.
+TEST_LOG := target/test.log
 VM_PACKAGES := qemu-system-x86 busybox-static cpio dmsetup mmdebstrap
 KERNEL_PACKAGE := linux-image-cloud-amd64
 # The systemd test VMs (tests/tests/systemd_vm.rs): root disks of these
@@ -53,7 +55,7 @@ TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
-.PHONY: all build test demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper instance-types \
+.PHONY: all build test demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper instance-types budget \
 	install install-files static image image-deps validate-deploy vm vm-deps
 
 all: build
@@ -101,16 +103,21 @@ build:
 test: deps moto
 	$(CARGO) build --workspace --bins
 	$(MAKE) --no-print-directory vm previous-helper
+	@mkdir -p $(dir $(TEST_LOG))
 	EBS_CSI_VM_DIR=$(CURDIR)/$(VM_DIR) EBS_CSI_PREVIOUS_HELPER=$(PREVIOUS_HELPER) \
-	  $(CARGO) test --workspace --no-fail-fast
-	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy instance-types image
+	  bash -o pipefail -c '$(CARGO) test --workspace --no-fail-fast 2>&1 | tee $(TEST_LOG)'
+	@# A test ignored for what make test provides (root, the VM images, the
+	@# previous helper) did not run: that fails the run (tests/build.rs).
+	@if grep -E '\.\.\. ignored, needs ' $(TEST_LOG); then \
+	  echo "error: the tests above did not run (make test runs them as root with what they need)"; exit 1; fi
+	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy instance-types budget image
 
 ## previous-helper: the helper of the previous protocol version (3), built
 ## from its commit for tests/tests/helper_upgrade.rs (a rolling upgrade),
 ## once: cached by commit outside the clone, with a target directory of its
 ## own (the same crates from other sources must not share one). A shallow
-## clone without that commit fetches it; where that fails too, a warning
-## says so and the test reports itself skipped.
+## clone without that commit fetches it; where that fails too, so does
+## this (the test would not run).
 PREVIOUS_HELPER_COMMIT := 36c3c9f91dc4454c5fa9deddf38b58eae56e5552
 PREVIOUS_HELPER_DIR := $(abspath $(TARGET_DIR))/previous-helper
 PREVIOUS_HELPER := $(PREVIOUS_HELPER_DIR)/$(PREVIOUS_HELPER_COMMIT)/ebs-csi-helper
@@ -119,7 +126,7 @@ previous-helper:
 	  git cat-file -e $(PREVIOUS_HELPER_COMMIT)^{commit} 2>/dev/null || \
 	    git fetch --quiet origin $(PREVIOUS_HELPER_COMMIT) 2>/dev/null || true; \
 	  if ! git cat-file -e $(PREVIOUS_HELPER_COMMIT)^{commit} 2>/dev/null; then \
-	    echo "warning: commit $(PREVIOUS_HELPER_COMMIT) is not in this clone: the rolling-upgrade test is skipped"; \
+	    echo "error: commit $(PREVIOUS_HELPER_COMMIT) is not in this clone and cannot be fetched"; exit 1; \
 	  else \
 	    src=$$(mktemp -d) && git archive $(PREVIOUS_HELPER_COMMIT) | tar -x -C $$src && \
 	    CARGO_TARGET_DIR=$(PREVIOUS_HELPER_DIR)/target $(CARGO) build --quiet \
@@ -188,6 +195,11 @@ fuzz-smoke: fuzz-tools
 validate-deploy: moto
 	$(VENV)/bin/python deploy/validate.py $(TARGET_DIR)/debug
 	$(VENV)/bin/python deploy/validate.py $(TARGET_DIR)/debug --self-test
+
+## budget: the helper's code lines against the privileged-code budget of
+## docs/helper.md.
+budget:
+	python3 helper/budget.py
 
 ## instance-types: agent/data/instance-types.tsv is what generate.py makes
 ## of moto's DescribeInstanceTypes capture and its corrections.

@@ -79,14 +79,21 @@ impl Handler {
                 version: PROTOCOL_VERSION,
             }),
             Request::Stage(r) => self.stage(r),
+            // A path's form is judged before the lock is taken: a malformed
+            // request never waits for another.
             Request::Unstage(r) => {
-                self.exclusively(|| self.unstage(&self.roots.check(&r.staging_path, Role::Staging)?))
+                let staging = self.roots.check(&r.staging_path, Role::Staging)?;
+                self.exclusively(|| self.unstage(&staging))
             }
             Request::Publish(r) => self.exclusively(|| self.publish(r)),
             Request::Unpublish(r) => {
-                self.exclusively(|| self.unpublish(&self.roots.check(&r.target_path, Role::AnyTarget)?))
+                let target = self.roots.check(&r.target_path, Role::AnyTarget)?;
+                self.exclusively(|| self.unpublish(&target))
             }
-            Request::Expand(r) => self.exclusively(|| self.expand(r)),
+            Request::Expand(r) => {
+                let volume_path = self.roots.check(&r.volume_path, Role::Volume)?;
+                self.exclusively(|| self.expand(r, &volume_path))
+            }
             Request::VolumeStats(r) => self.volume_stats(r),
             Request::PerformanceStatistics(r) => self.performance_statistics(r),
         }
@@ -345,17 +352,17 @@ impl Handler {
         Ok(Reply::Done)
     }
 
-    /// Expand: verify the device, check it is what is mounted at the volume
-    /// path, grow the filesystem online (the tool gets the device, or for
-    /// XFS the mount's root, as its fd 3), report the device size.
-    fn expand(&self, r: &ExpandRequest) -> Result<Reply, HelperError> {
+    /// Expand (the volume path's form already judged): verify the device,
+    /// check it is what is mounted at the volume path, grow the filesystem
+    /// online (the tool gets the device, or for XFS the mount's root, as
+    /// its fd 3), report the device size.
+    fn expand(&self, r: &ExpandRequest, path: &SafePath<'_>) -> Result<Reply, HelperError> {
         let mounts = self.mounts.read()?;
         let device = self.verify(&r.volume_id, &r.device, &mounts)?;
-        let path = self.roots.check(&r.volume_path, Role::Volume)?;
         let not_mounted = || HelperError::NotMounted {
             path: r.volume_path.clone(),
         };
-        let (fd, node) = open_existing(&path, FileType::Directory).map_err(|_| not_mounted())?;
+        let (fd, node) = open_existing(path, FileType::Directory).map_err(|_| not_mounted())?;
         if !node.is_mount_root || node.dev != device.number {
             return Err(not_mounted());
         }

@@ -1,8 +1,10 @@
 //! Test support: real helper and agent processes, loop devices standing in
 //! for EBS volumes, and a CSI client over the agent's unix socket.
 //!
-//! Everything here needs root (loop devices, mounts); [`require_root`]
-//! lets a test skip with a message when it is not.
+//! Most of it needs root (loop devices, mounts). A test that does is
+//! reported ignored, with the reason, when built by another user
+//! (`tests/build.rs`), and fails through [`require_root`] if it runs as
+//! another user anyway: it never passes without having run.
 #![allow(
     clippy::expect_used,
     reason = "test support: a failed set-up step should stop the test"
@@ -43,13 +45,19 @@ pub use loopdev::LoopVolume;
 /// The unprivileged uid the agent runs as in tests (`nobody`).
 pub const AGENT_UID: u32 = 65534;
 
-/// Returns false, with a message, when the tests cannot run as root.
-pub fn require_root() -> bool {
-    let root = rustix::process::geteuid().is_root();
-    if !root {
-        eprintln!("skipped: this test needs root (loop devices and mounts)");
-    }
-    root
+/// The first line of a test that needs root, which is marked
+/// `#[cfg_attr(not_root, ignore = "needs root: …")]`: `tests/build.rs` sets
+/// `not_root` when the tests are built by another user, who then sees the
+/// test ignored with its reason. Built as root and run by another user, the
+/// test fails here: it never passes without having run.
+///
+/// # Panics
+/// When the process is not root.
+pub fn require_root() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test needs root (loop devices, mounts, the helper) and was built by root: run it as root"
+    );
 }
 
 /// The repository's root.

@@ -30,10 +30,9 @@ fn owner(path: &Path) -> (u32, u32, u32) {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn the_plugin_directory_goes_to_the_agent_and_nothing_else_does() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let dir = sandbox.path().join("plugins/ebs.csi.aws.com");
     std::fs::create_dir_all(&dir).unwrap();

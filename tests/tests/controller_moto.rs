@@ -1020,10 +1020,9 @@ async fn the_controller_keeps_within_ec2s_request_limits() {
 /// `ebs_csi_tests::nomad`): root binds the socket in Nomad's root-only
 /// directory and hands it over; the controller serves it as nobody.
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn the_nomad_controller_job_serves_nomads_socket_unprivileged() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let moto = Moto::start();
     let sandbox = Sandbox::new();
     let nomad = NomadClient::new(sandbox.path());

@@ -87,10 +87,9 @@ fn every_client(socket: &Path, method: &str) -> Vec<(&'static str, Vec<u8>)> {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn the_node_socket_serves_every_client() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let agent = Agent::start(&sandbox, &helper);
@@ -117,10 +116,9 @@ fn the_node_socket_serves_every_client() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn the_controller_socket_serves_every_client() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     // GetPluginInfo does not call EC2: an endpoint nothing listens on.
     let controller = Controller::start_in(sandbox.path(), "http://127.0.0.1:9", "us-east-1", &[]);

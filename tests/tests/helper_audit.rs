@@ -155,10 +155,9 @@ impl Drop for DevNodes {
 /// form, a symlink carrying a kernel name as not a block device node, with
 /// the same answer as a missing node or one pointing at a host file.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn symlinked_devices_are_refused_whatever_they_point_to() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let a = LoopVolume::create(sandbox.path(), A, 64);
@@ -227,10 +226,9 @@ fn symlinked_devices_are_refused_whatever_they_point_to() {
 /// the queued format's turn comes, the re-verification right before the
 /// exec refuses it, and neither volume is written.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_device_renamed_while_its_format_waits_is_never_formatted() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &["--max-parallel-formats", "1"]);
     let blocker = LoopVolume::create(sandbox.path(), "vol-0ccccccccccccccc3", 512);
@@ -294,10 +292,9 @@ fn a_device_renamed_while_its_format_waits_is_never_formatted() {
 /// T5: Unpublish removes only an empty mount point the helper could have
 /// made; files, sockets and other pods' data stay.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn unpublish_removes_only_empty_mount_points() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let kubelet = sandbox.kubelet();
@@ -345,10 +342,9 @@ fn unpublish_removes_only_empty_mount_points() {
 /// T6, T7: Publish binds only the named volume's staged filesystem, and no
 /// path leads through another mount.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn publish_binds_only_the_volumes_staged_filesystem() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let a = LoopVolume::create(sandbox.path(), A, 64);
@@ -437,10 +433,9 @@ fn publish_binds_only_the_volumes_staged_filesystem() {
 /// accepts, are refused from their type alone, at once: a FIFO never
 /// blocks the helper, a tty never becomes its terminal.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn fifos_and_ttys_are_refused_without_being_opened() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let staging = sandbox.staging(A);
@@ -495,10 +490,9 @@ fn fifos_and_ttys_are_refused_without_being_opened() {
 /// staged volume is never published raw, and a disk mounted at an allowed
 /// root itself is the host's.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn devices_in_use_are_neither_staged_nor_published_raw() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let host_disk = LoopVolume::create(sandbox.path(), "vol-0ddddddddddddddd4", 64);
     run("mkfs.ext4", &["-q", &text(&host_disk.device)]);
@@ -561,10 +555,9 @@ fn devices_in_use_are_neither_staged_nor_published_raw() {
 /// container) still sees a disk mounted only in the host's (PID 1's), and
 /// refuses it.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_disk_mounted_only_in_the_hosts_namespace_is_in_use() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let socket = sandbox.path().join("helper/helper.sock");
     let mut command = std::process::Command::new("unshare");
@@ -598,10 +591,9 @@ fn a_disk_mounted_only_in_the_hosts_namespace_is_in_use() {
 /// running at `--tool-timeout-seconds` is killed, the request fails with
 /// `ToolFailed`, nothing is mounted, and the next request works.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_tool_past_its_time_limit_is_killed() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &["--tool-timeout-seconds", "1"]);
     let volume = LoopVolume::create(sandbox.path(), A, 512);
@@ -628,10 +620,9 @@ fn a_tool_past_its_time_limit_is_killed() {
 
 /// Active swap (the disk or a partition) is in use by the host.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_swap_device_is_in_use() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     struct Swap<'a>(&'a Path);
     impl Drop for Swap<'_> {
         fn drop(&mut self) {
@@ -657,10 +648,9 @@ fn a_swap_device_is_in_use() {
 /// cut off when its second is up, and sixteen of them cannot keep the
 /// helper from answering.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn trickling_peers_are_cut_off_at_the_frame_deadline() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &["--io-timeout-seconds", "1"]);
     let trickle = |socket: PathBuf| {
@@ -708,10 +698,9 @@ fn trickling_peers_are_cut_off_at_the_frame_deadline() {
 /// T15, T18: frames that are not exactly this protocol are refused whole,
 /// and no request string can forge a line of the helper's log.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn malformed_frames_and_control_characters_change_nothing() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let root = text(&sandbox.kubelet());

@@ -190,10 +190,9 @@ fn crash_at(step: Step) {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_helper_killed_at_any_step_leaves_a_retry_that_works() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let runs = runs();
     for step in [
         Step::DuringMkfs,
@@ -213,10 +212,9 @@ fn a_helper_killed_at_any_step_leaves_a_retry_that_works() {
 /// while the format still runs (CSI: an operation pending for the volume)
 /// and succeeds once it is done, with the one filesystem the first call made.
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn an_agent_killed_mid_stage_leaves_a_retry_that_works() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let runs = runs();
     for _ in 0..runs {
         let sandbox = Sandbox::new();

@@ -52,10 +52,9 @@ fn peak_with_formats_frozen(helper: u32, finished: impl Fn() -> bool) -> usize {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn formats_run_in_parallel_up_to_the_limit() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &["--max-parallel-formats", "2"]);
     let volumes: Vec<LoopVolume> = (0..6)
@@ -85,10 +84,9 @@ fn formats_run_in_parallel_up_to_the_limit() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_device_being_formatted_is_refused_until_its_format_ends() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &["--max-parallel-formats", "1"]);
     let volume = LoopVolume::create(sandbox.path(), &volume_id(1), 4096);

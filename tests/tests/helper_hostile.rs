@@ -69,10 +69,9 @@ fn cbor_frame(value: &ciborium::Value) -> Vec<u8> {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn two_hundred_hostile_requests_change_nothing() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &["--io-timeout-seconds", "1"]);
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 64);

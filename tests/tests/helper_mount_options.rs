@@ -37,10 +37,9 @@ fn staged_options(fs_type: FsType, mount_flags: &[&str]) -> String {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn ext4_commit_interval_and_quotas_reach_the_kernel() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let options = staged_options(FsType::Ext4, &["commit=60,usrquota", "grpquota", "noatime"]);
     let options: Vec<&str> = options.split(',').collect();
     for expected in ["commit=60", "usrquota", "grpquota"] {
@@ -49,19 +48,17 @@ fn ext4_commit_interval_and_quotas_reach_the_kernel() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn xfs_nouuid_asked_again_is_mounted_once() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let options = staged_options(FsType::Xfs, &["nouuid", "noatime"]);
     assert_eq!(options.split(',').filter(|o| *o == "nouuid").count(), 1, "{options}");
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn selinux_context_is_left_out_where_selinux_is_not_enabled() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     assert!(
         !std::path::Path::new("/sys/fs/selinux").exists(),
         "this test is for a node without SELinux"
@@ -82,10 +79,9 @@ fn selinux_context_is_left_out_where_selinux_is_not_enabled() {
 /// kernel's full list of the mount's options is
 /// `/proc/fs/ext4/<device>/options` (mountinfo leaves defaults out).
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn ext4_is_never_mounted_with_the_superblocks_errors_panic() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     for (flags, expected) in [
         (&[][..], EXT_ERRORS_DEFAULT),
         (&["errors=continue"][..], "errors=continue"),
@@ -345,17 +341,15 @@ fn outcomes(fs_type: FsType, table: &[(&str, Outcome)]) -> Vec<String> {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn every_documented_ext4_option_is_staged_or_left_to_the_kernel() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     assert_eq!(outcomes(FsType::Ext4, &EXT4), Vec::<String>::new());
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn every_documented_xfs_option_is_staged_or_left_to_the_kernel() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     assert_eq!(outcomes(FsType::Xfs, &XFS), Vec::<String>::new());
 }

@@ -74,10 +74,9 @@ fn stage_unreadable(
 /// bytes that blkid never looked at: `FilesystemMismatch` naming the first,
 /// and the filesystem, its data and the mount table are unchanged.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_volume_whose_reads_fail_past_its_first_mib_is_never_formatted() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     const VOLUME: &str = "vol-0e1e1e1e1e1e1e1e1";
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
@@ -106,10 +105,9 @@ fn a_volume_whose_reads_fail_past_its_first_mib_is_never_formatted() {
 /// read of where libblkid looks fails in the window, and the Stage is
 /// refused naming the volume, the device and the offset.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_blank_volume_whose_reads_fail_where_probers_look_is_never_formatted() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     const VOLUME: &str = "vol-0e1e1e1e1e1e1e1e4";
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
@@ -141,10 +139,9 @@ fn a_blank_volume_whose_reads_fail_where_probers_look_is_never_formatted() {
 /// are data, never formatted: `FilesystemMismatch` naming the first byte
 /// that is not zero. Zeros there (a new EBS volume) format as before.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn data_no_prober_recognises_is_never_formatted() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     const VOLUME: &str = "vol-0e1e1e1e1e1e1e1e2";
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
@@ -188,10 +185,9 @@ fn data_no_prober_recognises_is_never_formatted() {
 /// mounted only on the host looked unused. It now refuses to start, saying
 /// why, before it makes its socket.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_helper_in_a_pid_namespace_of_its_own_refuses_to_start() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let socket = sandbox.path().join("helper/helper.sock");
     let output = Helper::in_own_pid_namespace(sandbox.path(), &socket, &[])
@@ -216,10 +212,9 @@ fn a_helper_in_a_pid_namespace_of_its_own_refuses_to_start() {
 /// other, whatever the pid (here with `--nested-pid-namespace`, a node that
 /// is itself a container).
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_peer_in_a_pid_namespace_the_helper_cannot_see_is_judged_by_its_uid() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let socket = sandbox.path().join("helper/helper.sock");
     let command = Helper::in_own_pid_namespace(sandbox.path(), &socket, &["--nested-pid-namespace"]);
@@ -252,10 +247,9 @@ fn a_peer_in_a_pid_namespace_the_helper_cannot_see_is_judged_by_its_uid() {
 /// with a byte is never mounted over (`NOT_EMPTY`); each refused path and
 /// the mount table stay as they were.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn only_empty_paths_of_kubelets_csi_shapes_are_mounted_over() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     const X: &str = "vol-0e8e8e8e8e8e8e8e8";
     const Y: &str = "vol-0e8e8e8e8e8e8e8e9";
     let sandbox = Sandbox::new();
@@ -347,10 +341,9 @@ fn only_empty_paths_of_kubelets_csi_shapes_are_mounted_over() {
 /// its memory. The helper is not dumpable now, so only `CAP_SYS_PTRACE`
 /// would pass (ptrace(2), "Ptrace access mode checking").
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_process_with_a_tools_capabilities_cannot_open_the_helpers_memory() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let output = Command::new("setpriv")
@@ -376,10 +369,9 @@ fn a_process_with_a_tools_capabilities_cannot_open_the_helpers_memory() {
 /// tool), and `xfs_growfs` runs only when the XFS superblock, read by the
 /// helper itself, says the filesystem is smaller than its device.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn no_tool_grows_a_filesystem_that_fills_its_device() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     for (volume_id, fs_type, mkfs) in [
@@ -410,10 +402,9 @@ fn no_tool_grows_a_filesystem_that_fills_its_device() {
 /// its own volume: under the tool's Landlock ruleset only the last works.
 /// The Stage fails with the stand-in's report, and nothing is formatted.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_tool_opens_nothing_but_the_system_files_and_its_volume() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let volume = LoopVolume::create(sandbox.path(), "vol-0e6e6e6e6e6e6e6e6", 64);
     let other = LoopVolume::create(sandbox.path(), "vol-0e6e6e6e6e6e6e6e7", 64);
@@ -477,10 +468,9 @@ fn helper_with_blkid(sandbox: &Sandbox, script: &str) -> Helper {
 /// stand-in `blkid` leaves such a process (120 s) and exits 4: the Stage
 /// is answered while that process still runs, and the next request too.
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_process_a_tool_leaves_behind_cannot_hold_the_helper() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let marker = sandbox.path().join("left-behind");
     let script = format!("#!/bin/bash\nexec -a {} sleep 120 >&2 &\nexit 4\n", marker.display());

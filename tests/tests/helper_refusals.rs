@@ -41,10 +41,9 @@ fn device_refused(e: &HelperError) -> bool {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn refuses_unsafe_paths() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 64);
@@ -95,10 +94,9 @@ fn refuses_unsafe_paths() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn refuses_devices_that_are_not_the_volume() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let staging = sandbox.staging(VOLUME);
@@ -161,10 +159,9 @@ fn refuses_devices_that_are_not_the_volume() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn refuses_without_loop_permission_and_never_reformats() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let staging = sandbox.staging(VOLUME);
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 320);
@@ -215,10 +212,9 @@ fn refuses_without_loop_permission_and_never_reformats() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn refuses_unknown_peers_and_bad_frames() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let staging = sandbox.staging(VOLUME);
@@ -268,10 +264,9 @@ fn refuses_unknown_peers_and_bad_frames() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_symlink_swapped_in_mid_call_never_redirects_a_mount() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 16);
@@ -341,10 +336,9 @@ fn a_symlink_swapped_in_mid_call_never_redirects_a_mount() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn performance_statistics_are_read_only_from_the_proven_volume() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 64);
@@ -371,4 +365,84 @@ fn performance_statistics_are_read_only_from_the_proven_volume() {
         other => panic!("PerformanceStatistics on {own}: {other:?}"),
     }
     assert_eq!(volume.signature(), "");
+}
+
+/// A path's form is judged before the helper's lock (docs/helper.md,
+/// Unstage, Unpublish, Expand): while an Expand holds the lock (its
+/// `xfs_growfs` held at exec), malformed Unstage, Unpublish and Expand
+/// requests are refused at once, the Expand for its path before its device
+/// (here not the volume either) is looked at. Before, they waited for the
+/// lock, and the Expand was refused for its device.
+#[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
+fn a_malformed_path_is_refused_without_waiting_for_the_lock() {
+    use ebs_csi_helper_proto::{ExpandRequest, UnpublishRequest, UnstageRequest};
+    use ebs_csi_tests::exec_gate::{ExecGate, XFS_GROWFS};
+    use std::time::{Duration, Instant};
+    require_root();
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let volume = LoopVolume::create(sandbox.path(), VOLUME, 320);
+    let other = LoopVolume::create(sandbox.path(), "vol-0bbbbbbbbbbbbbbb2", 64);
+    let staging = sandbox.staging(VOLUME);
+    assert_eq!(
+        helper
+            .call(stage_request(VOLUME, &volume.device, &staging, FsType::Xfs, &[]))
+            .unwrap(),
+        ebs_csi_helper_proto::Reply::Done
+    );
+    volume.grow(640);
+    let gate = ExecGate::watch(helper.process.pid(), &XFS_GROWFS);
+    let expand = |device: &Path, volume_path: &str| {
+        Request::Expand(ExpandRequest {
+            volume_id: VolumeId::parse(VOLUME).unwrap(),
+            device: device.to_string_lossy().into_owned(),
+            volume_path: volume_path.to_owned(),
+        })
+    };
+    let holding = {
+        let (socket, request) = (
+            helper.socket.clone(),
+            expand(&volume.device, &staging.to_string_lossy()),
+        );
+        std::thread::spawn(move || {
+            run_as(AGENT_UID, move || {
+                ebs_csi_helper_proto::HelperClient::new(socket, Duration::from_secs(60)).call(request)
+            })
+        })
+    };
+    let growfs = gate.caught(Duration::from_secs(20));
+    let malformed = "/etc/../etc/shadow";
+    for request in [
+        Request::Unstage(UnstageRequest {
+            staging_path: malformed.into(),
+        }),
+        Request::Unpublish(UnpublishRequest {
+            target_path: malformed.into(),
+        }),
+        expand(&other.device, malformed),
+    ] {
+        let started = Instant::now();
+        let refused = HelperError::PathRefused {
+            path: malformed.into(),
+            reason: "has an empty, '.' or '..' component".into(),
+        };
+        match helper.call(request.clone()) {
+            Err(ClientError::Helper(e)) => assert_eq!(e, refused, "{request:?}"),
+            other => panic!("{request:?}: {other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{request:?} waited for the lock"
+        );
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(i32::try_from(growfs).unwrap()).unwrap(),
+        rustix::process::Signal::CONT,
+    )
+    .unwrap();
+    assert_eq!(
+        holding.join().unwrap().unwrap(),
+        ebs_csi_helper_proto::Reply::Expanded { size_bytes: 640 << 20 }
+    );
 }

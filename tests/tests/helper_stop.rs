@@ -68,10 +68,9 @@ fn uuid(device: &Path) -> String {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn an_idle_helper_as_pid_1_exits_on_sigterm_within_two_seconds() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let (mut helper, pid) = helper_as_pid_1(&sandbox, &[]);
     assert_eq!(
@@ -89,10 +88,9 @@ fn an_idle_helper_as_pid_1_exits_on_sigterm_within_two_seconds() {
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_format_in_flight_at_sigterm_completes_and_the_volume_stages_on_the_next_start() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 320);
     let staging = sandbox.staging(VOLUME);
@@ -126,10 +124,9 @@ fn a_format_in_flight_at_sigterm_completes_and_the_volume_stages_on_the_next_sta
 }
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_format_past_the_stop_timeout_is_killed_before_it_writes_and_formats_on_the_next_start() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 320);
     let staging = sandbox.staging(VOLUME);

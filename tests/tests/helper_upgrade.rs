@@ -18,17 +18,18 @@ use ebs_csi_tests::{Helper, Sandbox, require_root, stage_request};
 const VOLUME: &str = "vol-0aaaaaaaaaaaaaaa1";
 
 #[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
+#[cfg_attr(no_previous_helper, ignore = "needs EBS_CSI_PREVIOUS_HELPER: make test sets it")]
 fn this_agent_is_served_by_the_previous_helper() {
-    if !require_root() {
-        return;
-    }
-    let Some(previous) = std::env::var_os("EBS_CSI_PREVIOUS_HELPER").map(PathBuf::from) else {
-        return eprintln!("skipped: EBS_CSI_PREVIOUS_HELPER is not set (`make test` sets it)");
-    };
-    if !previous.exists() {
-        // `make previous-helper` warned: the commit is not in this clone.
-        return eprintln!("skipped: {} was not built", previous.display());
-    }
+    require_root();
+    let previous = PathBuf::from(
+        std::env::var_os("EBS_CSI_PREVIOUS_HELPER").expect("EBS_CSI_PREVIOUS_HELPER: built with it, run without"),
+    );
+    assert!(
+        previous.exists(),
+        "{} was not built (make previous-helper)",
+        previous.display()
+    );
     let sandbox = Sandbox::new();
     let helper = Helper::start_program(&previous, sandbox.path(), &[]);
     assert_eq!(

@@ -10,10 +10,9 @@ use ebs_csi_tests::lifecycle::{self, Report};
 use ebs_csi_tests::require_root;
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn a_volume_lives_its_whole_life_on_one_machine() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let mut report = Report::new(false);
     if let Err(f) = lifecycle::run(&mut report).await {
         panic!(

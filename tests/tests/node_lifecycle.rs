@@ -162,10 +162,9 @@ fn block() -> VolumeCapability {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn stage_publish_write_and_restage_keeps_data() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     for (volume_id, fs_type, size_mib) in [
         ("vol-0aaaaaaaaaaaaaaa1", "ext4", 64),
         ("vol-0bbbbbbbbbbbbbbb2", "xfs", 320),
@@ -220,10 +219,9 @@ async fn stage_publish_write_and_restage_keeps_data() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn nomad_paths_are_staged_and_published_beneath_the_plugin_directory() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let volume_id = "vol-0ccccccccccccccc3";
     let mut node = Node::start_nomad(volume_id).await;
     // Root made the socket in Nomad's root-only directory; on the first
@@ -241,10 +239,9 @@ async fn nomad_paths_are_staged_and_published_beneath_the_plugin_directory() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn readonly_publish_refuses_writes() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let mut node = Node::start().await;
     let volume_id = "vol-0ccccccccccccccc3";
     let _volume = node.volume(volume_id, 64);
@@ -269,10 +266,9 @@ async fn readonly_publish_refuses_writes() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn raw_block_publish_exposes_the_device() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let mut node = Node::start().await;
     let volume_id = "vol-0ddddddddddddddd4";
     let volume = node.volume(volume_id, 16);
@@ -335,10 +331,9 @@ fn ext4_growth_withheld(err: &tonic::Status) {
 /// driver, even when its root is unreadable to others; a grow that fails
 /// leaves nothing mounted, so a retry grows it.
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn a_filesystem_smaller_than_its_volume_is_grown_at_stage() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     for (volume_id, fs_type, size_mib) in [
         ("vol-0eeeeeeeeeeeeeee7", "ext4", 64),
         ("vol-0fffffffffffffff8", "xfs", 320),
@@ -378,10 +373,9 @@ fn give_root_away(root: &Path) {
 /// NodeExpandVolume grows a published filesystem online, even when its
 /// root is unreadable to others.
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn expand_grows_the_filesystem_online() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     for (volume_id, fs_type, size_mib) in [
         ("vol-0eeeeeeeeeeeeeee5", "ext4", 64),
         ("vol-0fffffffffffffff6", "xfs", 320),
@@ -431,10 +425,9 @@ async fn expand_grows_the_filesystem_online() {
 /// the allocation (DESIGN.md §6). So the same request waits for the one in
 /// flight; a different call for the volume is still ABORTED.
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn an_identical_call_waits_for_the_first_and_a_different_one_is_aborted() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let volume_id = "vol-0123456789abcdef7";
     let mut node = Node::start_nomad(volume_id).await;
     let request = NodeStageVolumeRequest {
@@ -473,10 +466,9 @@ async fn an_identical_call_waits_for_the_first_and_a_different_one_is_aborted() 
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn stage_times_out_with_unavailable_naming_the_volume() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let mut node = Node::start().await;
     let started = std::time::Instant::now();
     let err = node
@@ -489,10 +481,9 @@ async fn stage_times_out_with_unavailable_naming_the_volume() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn volume_stats_report_usage_and_condition() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let mut node = Node::start().await;
     let volume_id = "vol-0aaaaaaaaaaaaaab8";
     let _volume = node.volume(volume_id, 64);
@@ -547,10 +538,9 @@ async fn volume_stats_report_usage_and_condition() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn invalid_requests_change_nothing() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let mut node = Node::start().await;
     let volume_id = "vol-0aaaaaaaaaaaaaab9";
     let volume = node.volume(volume_id, 64);
@@ -694,10 +684,9 @@ async fn invalid_requests_change_nothing() {
 /// "should fail when no target path is provided" and its kin: a missing
 /// required field is judged before the volume).
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn volumes_that_cannot_exist_are_not_found() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let mut node = Node::start().await;
     let (real_staging, real_target) = (path(&node.staging), path(&node.target));
     for (volume_id, staging, target, code) in [
@@ -817,10 +806,9 @@ async fn volumes_that_cannot_exist_are_not_found() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn identity_and_node_info() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let node = Node::start().await;
     let channel = ebs_csi_tests::channel(&node.agent.socket).await;
     let mut identity = identity_client::IdentityClient::new(channel);
@@ -877,10 +865,9 @@ async fn identity_and_node_info() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn stage_honours_format_options_and_refuses_another_device_at_the_path() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let mut node = Node::start().await;
     let (first, second) = ("vol-0aaaaaaaaaaaaaac0", "vol-0aaaaaaaaaaaaaac1");
     let volume = node.volume(first, 64);
@@ -926,10 +913,9 @@ async fn stage_honours_format_options_and_refuses_another_device_at_the_path() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn probe_reports_not_ready_without_the_helper() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let node = Node::start().await;
     let Node {
         _helper: helper, agent, ..

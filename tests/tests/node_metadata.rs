@@ -99,10 +99,9 @@ async fn node_info(agent: &Agent) -> NodeGetInfoResponse {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn node_info_comes_from_imds_when_flags_are_absent() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let ImdsStub {
         address: endpoint,
         log,
@@ -150,10 +149,9 @@ async fn node_info_comes_from_imds_when_flags_are_absent() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn flags_win_over_imds_and_the_limit_flag_over_the_table() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let args = [&Agent::NODE_FLAGS[..], &["--volume-attach-limit", "7"]].concat();
@@ -170,10 +168,9 @@ async fn flags_win_over_imds_and_the_limit_flag_over_the_table() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn reserved_attachments_flag_replaces_the_boot_volumes() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let endpoint = start_imds_stub().address;
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
@@ -305,10 +302,9 @@ fn api_server_refusals_are_reported_with_its_message() {
 /// taint, reading the Node again when another writer changed it between
 /// the read and the patch (kube-apiserver answers the failed `test` 422).
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn the_startup_taint_goes_once_the_node_is_ready() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let other = serde_json::json!({"key": "example.com/dedicated", "value": "storage", "effect": "NoSchedule"});
     let taints = serde_json::json!([{"key": "ebs.csi.aws.com/agent-not-ready", "effect": "NoExecute"}, other]);
     let api = KubeApi::start_with(&["--taints", &taints.to_string(), "--conflicts", "1"]);
@@ -363,10 +359,9 @@ async fn the_startup_taint_goes_once_the_node_is_ready() {
 /// register the driver there, rather than offering 39 slots no volume can
 /// use. (The Go driver reports 39 and stages through `devicePath`.)
 #[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn a_xen_node_is_not_offered_to_kubelet() {
-    if !require_root() {
-        return;
-    }
+    require_root();
     let sandbox = Sandbox::new();
     let helper = Helper::start(&sandbox, &[]);
     let args = [

@@ -54,12 +54,12 @@ fn enums(
 }
 
 #[test]
+#[cfg_attr(
+    no_reference,
+    ignore = "the upstream csi.proto is not beside the repository (../shared/reference)"
+)]
 fn matches_the_upstream_definition_field_by_field() {
     let reference = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/reference/csi.proto");
-    if !reference.exists() {
-        eprintln!("skipped: {} is not present", reference.display());
-        return;
-    }
     let ours = compile(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("csi.proto"));
     let theirs = compile(&reference);
     assert_eq!(ours.package, theirs.package);
