@@ -49,7 +49,7 @@ def main():
     budget = int(match.group(1).replace(",", ""))
     total = 0
     for source in SOURCES:
-        files = [f for f in sorted((ROOT / source).glob("*.rs")) if not f.name.endswith("_tests.rs")]
+        files = [f for f in sorted((ROOT / source).rglob("*.rs")) if not f.name.endswith("_tests.rs")]
         lines = sum(code_lines(f) for f in files)
         print(f"{lines:6,} {source}")
         total += lines

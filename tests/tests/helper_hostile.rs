@@ -200,10 +200,11 @@ fn two_hundred_hostile_requests_change_nothing() {
             publish(&format!("{root}/block"), source),
             refused.clone(),
         ));
+        // A volume path of kubelet's shape: its form is judged first.
         let expand = ExpandRequest {
             volume_id: volume_id(),
             device: bad.to_owned(),
-            volume_path: format!("{root}/staging"),
+            volume_path: staging.clone(),
         };
         requests.push((format!("expand device {bad:?}"), Request::Expand(expand), refused));
     }

@@ -1,0 +1,260 @@
+//! The requests, each a fixed sequence of checks followed by one change,
+//! one file per request (the read-only two share `stats`):
+//! `docs/helper.md` lists the same steps in the same order. What the
+//! requests share is here: the lock, proving a device, growing a
+//! filesystem, and the checks of a path the helper mounts on or unmounts.
+
+mod expand;
+mod publish;
+mod stage;
+mod stats;
+mod unpublish;
+mod unstage;
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use ebs_csi_helper_proto::{FsType, HelperError, PROTOCOL_VERSION, Reply, Request, VolumeId};
+use ebs_csi_linux::mountinfo::MountEntry;
+use rustix::fs::{FileType, Mode, OFlags};
+
+use crate::claim::Claims;
+use crate::device::{self, IdentityPolicy, VerifiedDevice};
+use crate::error::system;
+use crate::exec::{DEVICE_ARG, Executor, Tool, ToolTarget};
+use crate::grow::{self, Grower};
+use crate::layout::Role;
+use crate::mount::{self, Node};
+use crate::mounts::MountTables;
+use crate::path::{AllowedRoots, SYMLINK, SafePath, open_beneath};
+
+/// Serves requests with a fixed configuration.
+///
+/// Requests run one at a time under an exclusive lock, so two can never
+/// race on the same path or device; the one exception is `mkfs`, which
+/// runs outside the lock with its device claimed (see [`crate::claim`]).
+#[derive(Debug)]
+pub struct Handler {
+    roots: AllowedRoots,
+    mounts: MountTables,
+    policy: IdentityPolicy,
+    tools: Executor,
+    formatter: Executor,
+    grower: Grower,
+    exclusive: Mutex<()>,
+    claims: Claims,
+}
+
+impl Handler {
+    /// A handler that acts beneath `roots` on devices `policy` accepts,
+    /// checking them against `mounts`,
+    /// running `mkfs` on `formatter` (its thread count is the number of
+    /// formats at once) and every other tool on `tools`, growing ext
+    /// filesystems on `grower`.
+    pub fn new(
+        roots: AllowedRoots,
+        mounts: MountTables,
+        policy: IdentityPolicy,
+        tools: Executor,
+        formatter: Executor,
+        grower: Grower,
+    ) -> Self {
+        Self {
+            roots,
+            mounts,
+            policy,
+            tools,
+            formatter,
+            grower,
+            exclusive: Mutex::new(()),
+            claims: Claims::default(),
+        }
+    }
+
+    /// Performs `request`.
+    ///
+    /// # Errors
+    /// The [`HelperError`] of the first check that fails; nothing has been
+    /// changed then, except where a variant's documentation says so.
+    pub fn handle(&self, request: &Request) -> Result<Reply, HelperError> {
+        match request {
+            Request::Ping => Ok(Reply::Pong {
+                version: PROTOCOL_VERSION,
+            }),
+            Request::Stage(r) => self.stage(r),
+            // A path's form is judged before the lock is taken: a malformed
+            // request never waits for another.
+            Request::Unstage(r) => {
+                let staging = self.roots.check(&r.staging_path, Role::Staging)?;
+                self.exclusively(|| self.unstage(&staging))
+            }
+            Request::Publish(r) => self.exclusively(|| self.publish(r)),
+            Request::Unpublish(r) => {
+                let target = self.roots.check(&r.target_path, Role::AnyTarget)?;
+                self.exclusively(|| self.unpublish(&target))
+            }
+            Request::Expand(r) => {
+                let volume_path = self.roots.check(&r.volume_path, Role::Volume)?;
+                self.exclusively(|| self.expand(r, &volume_path))
+            }
+            Request::VolumeStats(r) => self.volume_stats(r),
+            Request::PerformanceStatistics(r) => self.performance_statistics(r),
+        }
+    }
+
+    /// Grows the `fs_type` filesystem on `device`, mounted with its root at
+    /// `root`, to the device's size, online (see [`crate::grow`]), when its
+    /// superblock says it is smaller: ext2/3/4 by the kernel on that root;
+    /// XFS by `xfs_growfs` with that root as fd 3 (the device verified
+    /// again right before the exec), which with `always_xfs` (Expand) runs
+    /// whatever the superblock says.
+    fn grow(
+        &self,
+        fs_type: FsType,
+        device: &VerifiedDevice,
+        root: &OwnedFd,
+        always_xfs: bool,
+    ) -> Result<(), HelperError> {
+        let device_bytes = device.size_bytes()?;
+        let (blocks, block_size) = grow::filesystem_size(device, fs_type)?;
+        if fs_type != FsType::Xfs {
+            let target = grow::ext_target_blocks(device_bytes, block_size);
+            return if target > blocks {
+                self.grower.resize_ext(root.as_fd(), target)
+            } else {
+                Ok(())
+            };
+        }
+        if !always_xfs && blocks.saturating_add(1).saturating_mul(block_size) > device_bytes {
+            return Ok(());
+        }
+        self.tools
+            .run_checked(
+                Tool::XfsGrowfs,
+                &[DEVICE_ARG],
+                ToolTarget::MountOf(device, root.as_fd()),
+            )
+            .map(drop)
+    }
+
+    /// Proves `device` is `volume_id` and that no format is running on it.
+    fn verify(&self, volume_id: &VolumeId, device: &str, mounts: &[MountEntry]) -> Result<VerifiedDevice, HelperError> {
+        let verified = device::verify(volume_id, device, &self.policy, &self.roots, mounts)?;
+        self.claims.check(verified.number, &verified.path())?;
+        Ok(verified)
+    }
+
+    fn exclusively<T>(&self, operation: impl FnOnce() -> T) -> T {
+        let _exclusive = self.lock();
+        operation()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.exclusive.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The reason Unpublish gives for a path it will not remove.
+pub const NOT_A_MOUNT_POINT: &str = "is neither a mount the helper made nor an empty mount point it could have created";
+
+/// The reason Unstage and Unpublish give for a mount the helper does not make.
+pub const FOREIGN_MOUNT: &str = "is a mount the helper does not make";
+
+/// The mounts Unstage and Unpublish may remove.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MountKind {
+    /// ext2/3/4 or XFS (a staging mount, or a bind of one).
+    Filesystem,
+    /// That, or a device node (a raw block volume's bind).
+    FilesystemOrDevice,
+}
+
+/// Refuses to unmount what the helper never mounts there: another pod's
+/// secret, an emptyDir, a host mount beneath the root.
+fn refuse_foreign_mount(
+    path: &SafePath<'_>,
+    node: &Node,
+    mounts: &[MountEntry],
+    kind: MountKind,
+) -> Result<(), HelperError> {
+    let fs_type = find_mount(mounts, node.mount_id).map(|m| m.fs_type.as_str());
+    let ours = fs_type.and_then(FsType::from_name).is_some()
+        || (kind == MountKind::FilesystemOrDevice && node.file_type == FileType::BlockDevice);
+    if ours {
+        Ok(())
+    } else {
+        Err(HelperError::PathRefused {
+            path: path.as_str().to_owned(),
+            reason: FOREIGN_MOUNT.to_owned(),
+        })
+    }
+}
+
+/// The reason of [`HelperError::PathRefused`] for a staging or target path
+/// that holds something: another pod's configMap directory, its
+/// `etc-hosts`, kubelet's `pods/` — nothing the orchestrator prepares for a
+/// CSI volume holds anything before the volume is mounted there.
+pub const NOT_EMPTY: &str = "holds files; only an empty directory or an empty file is mounted over";
+
+/// Refuses a directory with any entry, or a file with any byte, at `path`
+/// (`fd`, an `O_PATH` fd of it, of `file_type` as the caller's `statx`
+/// found): a mount over it would hide or replace what is there.
+fn refuse_if_not_empty(path: &SafePath<'_>, fd: &OwnedFd, file_type: FileType) -> Result<(), HelperError> {
+    let error = |e| system(format!("listing {}", path.as_str()), e);
+    let mut holds_something = false;
+    if file_type == FileType::Directory {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let dir = rustix::fs::openat(fd, ".", flags, Mode::empty()).map_err(error)?;
+        for entry in rustix::fs::Dir::read_from(&dir).map_err(error)? {
+            let name = entry.map_err(error)?.file_name().to_bytes().to_owned();
+            holds_something |= name != b"." && name != b"..";
+        }
+    } else {
+        holds_something = rustix::fs::fstat(fd).map_err(error)?.st_size != 0;
+    }
+    if holds_something {
+        return Err(HelperError::PathRefused {
+            path: path.as_str().to_owned(),
+            reason: NOT_EMPTY.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Opens an existing path and checks its type.
+fn open_existing(path: &SafePath<'_>, file_type: FileType) -> Result<(OwnedFd, Node), HelperError> {
+    let refuse = |reason: &str| HelperError::PathRefused {
+        path: path.as_str().to_owned(),
+        reason: reason.to_owned(),
+    };
+    let fd = path.open()?.ok_or_else(|| refuse("does not exist"))?;
+    let node = mount::inspect(&fd)?;
+    if node.file_type != file_type {
+        return Err(refuse(&format!("is not a {file_type:?}")));
+    }
+    Ok((fd, node))
+}
+
+/// Opens the target's last component in its already opened parent.
+fn open_target(parent: &OwnedFd, target: &SafePath<'_>) -> Result<Option<OwnedFd>, HelperError> {
+    match open_beneath(parent, target.name()) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => Err(HelperError::PathRefused {
+            path: target.as_str().to_owned(),
+            reason: SYMLINK.into(),
+        }),
+        Err(e) => Err(system(format!("opening {}", target.as_str()), e)),
+    }
+}
+
+fn find_mount(mounts: &[MountEntry], mount_id: u64) -> Option<&MountEntry> {
+    mounts.iter().find(|m| m.mount_id == mount_id)
+}
+
+fn already_mounted(path: &SafePath<'_>, node: &Node) -> HelperError {
+    HelperError::AlreadyMounted {
+        path: path.as_str().to_owned(),
+        detail: format!("a filesystem on device {}:{}", node.dev.0, node.dev.1),
+    }
+}

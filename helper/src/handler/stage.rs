@@ -1,0 +1,134 @@
+//! Stage (`docs/helper.md`, "Stage"), as a plan: the request's form; under
+//! the lock, the staging directory and the device proved, then what the
+//! device holds decides — mount (and grow) the requested filesystem, or
+//! format a device proved blank (outside the lock, the device claimed) and
+//! mount what was made, after proving the same again under the lock.
+
+use std::os::fd::OwnedFd;
+
+use ebs_csi_helper_proto::{HelperError, Reply, StageRequest};
+use ebs_csi_linux::mountinfo::MountEntry;
+use rustix::fs::FileType;
+
+use super::{Handler, already_mounted, open_existing, refuse_if_not_empty};
+use crate::device::{self, Refusal, VerifiedDevice};
+use crate::format::{self, Contents};
+use crate::layout::Role;
+use crate::mount;
+use crate::options::{self, MountOptions};
+use crate::path::SafePath;
+
+/// Whether Stage grows the filesystem it mounts to its device's size.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Grow {
+    /// A filesystem found on the device (a snapshot restored, or a volume
+    /// cloned, into a larger one), as the Go driver does at NodeStage.
+    IfSmaller,
+    /// A filesystem this request just made, as large as its device.
+    No,
+}
+
+impl Handler {
+    pub(super) fn stage(&self, r: &StageRequest) -> Result<Reply, HelperError> {
+        // 1–3. The request's form: format options, mount options, the
+        // staging path's form and root.
+        r.format.validate(r.fs_type).map_err(HelperError::InvalidRequest)?;
+        let options = options::parse(Some(r.fs_type), &r.mount_flags)?;
+        let staging = self.roots.check(&r.staging_path, Role::Staging)?;
+        let exclusive = self.lock();
+        // 3–6. Under the lock: the staging directory, the device proved.
+        let (dir, node) = open_existing(&staging, FileType::Directory)?;
+        let mounts = self.mounts.read()?;
+        let device = self.verify(&r.volume_id, &r.device, &mounts)?;
+        let Some(dir) = vacant(&staging, dir, &node, &device, &mounts)? else {
+            return Ok(Reply::Done);
+        };
+        // 7. What the device holds decides.
+        match format::probe(&self.tools, &device)? {
+            Contents::Filesystem(found) if found == r.fs_type.name() => {
+                return self.mount_staged(r, &options, &staging, dir, &device, Grow::IfSmaller);
+            }
+            Contents::Blank => {}
+            Contents::Filesystem(found) | Contents::Other(found) => {
+                return Err(HelperError::FilesystemMismatch {
+                    device: device.path(),
+                    found,
+                    requested: r.fs_type.name().to_owned(),
+                });
+            }
+        }
+        // 8. Proved blank: formatted outside the lock, the device claimed
+        // (verified again right before and after mkfs).
+        drop((dir, mounts));
+        let claim = self.claims.claim(device.number, &device.path())?;
+        drop(exclusive);
+        tracing::info!(volume_id = %r.volume_id, device = ?device.path(), fs_type = r.fs_type.name(), "format");
+        format::format(&self.formatter, r.fs_type, &r.format, &device)?;
+        let _exclusive = self.lock();
+        drop(claim);
+        // 9. Under the lock again: the same device, the staging directory
+        // as it is now; then the new filesystem mounted.
+        let (dir, node) = open_existing(&staging, FileType::Directory)?;
+        let mounts = self.mounts.read()?;
+        device.reverify()?;
+        let Some(dir) = vacant(&staging, dir, &node, &device, &mounts)? else {
+            return Ok(Reply::Done);
+        };
+        self.mount_staged(r, &options, &staging, dir, &device, Grow::No)
+    }
+
+    /// Mounts the `r.fs_type` filesystem on `device` (checked on the new
+    /// mount to be that device before it is attached anywhere: dropped, it
+    /// leaves nothing) onto `dir`, the staging directory's fd, and grows it
+    /// as `grow` says; a growth that fails unmounts it again, so a retried
+    /// Stage grows it again.
+    fn mount_staged(
+        &self,
+        r: &StageRequest,
+        options: &MountOptions,
+        staging: &SafePath<'_>,
+        dir: OwnedFd,
+        device: &VerifiedDevice,
+        grow: Grow,
+    ) -> Result<Reply, HelperError> {
+        // The kernel mounts what `/dev/<name>` names when it mounts: that
+        // must still be the verified device.
+        let mount = mount::mount_filesystem(device, r.fs_type, options)?;
+        if mount.node()?.dev != device.number || device.reverify().is_err() {
+            return Err(device.refusal(Refusal::Changed));
+        }
+        let root = mount.attach(&dir)?;
+        drop(dir);
+        if grow == Grow::IfSmaller
+            && let Err(e) = self.grow(r.fs_type, device, &root, false)
+        {
+            drop(root);
+            mount::unmount(&staging.open_parent(false)?, staging.name())?;
+            return Err(e);
+        }
+        Ok(Reply::Done)
+    }
+}
+
+/// The staging directory `dir` (of `node`) if the volume can be mounted
+/// there: `None` when it already is `device`'s mount; refused when it is
+/// another mount, holds anything, or the device is in use as a raw block
+/// volume.
+fn vacant(
+    staging: &SafePath<'_>,
+    dir: OwnedFd,
+    node: &mount::Node,
+    device: &VerifiedDevice,
+    mounts: &[MountEntry],
+) -> Result<Option<OwnedFd>, HelperError> {
+    if node.is_mount_root {
+        return if node.dev == device.number {
+            Ok(None)
+        } else {
+            Err(already_mounted(staging, node))
+        };
+    }
+    refuse_if_not_empty(staging, &dir, node.file_type)?;
+    device::refuse_if_published_raw(device, mounts)?;
+    Ok(Some(dir))
+}

@@ -1,0 +1,49 @@
+//! Unpublish (`docs/helper.md`, "Unpublish").
+
+use ebs_csi_helper_proto::{HelperError, Reply};
+use rustix::fs::{AtFlags, FileType};
+
+use super::{Handler, MountKind, NOT_A_MOUNT_POINT, open_target, refuse_foreign_mount};
+use crate::error::system;
+use crate::mount;
+use crate::path::SafePath;
+
+impl Handler {
+    /// Unpublish: resolve the target; unmount it if it is a mount the
+    /// helper makes (a bind of an ext2/3/4 or XFS filesystem, or of a
+    /// device node); then remove what is left only if it is an empty
+    /// directory or empty regular file owned by root, as the helper creates
+    /// them. Anything else is refused and left as it is.
+    pub(super) fn unpublish(&self, target: &SafePath<'_>) -> Result<Reply, HelperError> {
+        let Some(fd) = target.open()? else {
+            return Ok(Reply::Done);
+        };
+        let parent = target.open_parent(false)?;
+        let node = mount::inspect(&fd)?;
+        drop(fd);
+        if node.is_mount_root {
+            refuse_foreign_mount(target, &node, &self.mounts.read()?, MountKind::FilesystemOrDevice)?;
+            mount::unmount(&parent, target.name())?;
+        }
+        let Some(fd) = open_target(&parent, target)? else {
+            return Ok(Reply::Done);
+        };
+        let left = rustix::fs::fstat(&fd).map_err(|e| system("fstat", e))?;
+        drop(fd);
+        let not_ours = || HelperError::PathRefused {
+            path: target.as_str().to_owned(),
+            reason: NOT_A_MOUNT_POINT.to_owned(),
+        };
+        let flags = match FileType::from_raw_mode(left.st_mode) {
+            FileType::Directory if left.st_uid == 0 => AtFlags::REMOVEDIR,
+            FileType::RegularFile if left.st_uid == 0 && left.st_size == 0 => AtFlags::empty(),
+            _ => return Err(not_ours()),
+        };
+        tracing::info!(target = ?target.as_str(), "remove mount point");
+        rustix::fs::unlinkat(&parent, target.name(), flags).map_err(|e| match e {
+            rustix::io::Errno::NOTEMPTY => not_ours(),
+            e => system(format!("removing {}", target.as_str()), e),
+        })?;
+        Ok(Reply::Done)
+    }
+}
