@@ -35,6 +35,15 @@ pub enum NodeError {
     /// A local read (statvfs, sysfs, mountinfo) failed.
     #[error("{0}")]
     Internal(String),
+    /// The helper answered with a reply of another kind than the
+    /// request's (a helper of another protocol, or a bug).
+    #[error("the helper answered {reply}, not {expected}")]
+    UnexpectedReply {
+        /// The kind of reply the request has.
+        expected: &'static str,
+        /// The reply the helper sent.
+        reply: String,
+    },
     /// The node's instance type runs on Xen, where no volume is staged.
     #[error(transparent)]
     Xen(#[from] crate::limits::XenInstance),
@@ -47,7 +56,7 @@ impl From<NodeError> for Status {
             NodeError::Aborted(_) => Code::Aborted,
             NodeError::DeviceNotFound { .. } => Code::Unavailable,
             NodeError::NotFound(_) => Code::NotFound,
-            NodeError::Internal(_) => Code::Internal,
+            NodeError::Internal(_) | NodeError::UnexpectedReply { .. } => Code::Internal,
             NodeError::Xen(_) => Code::FailedPrecondition,
             NodeError::Helper(ClientError::Connect { .. } | ClientError::Frame(_)) => Code::Unavailable,
             NodeError::Helper(ClientError::Helper(e)) => helper_code(e),

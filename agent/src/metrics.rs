@@ -13,7 +13,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ebs_csi_helper_proto::{ClientError, HelperError, PerformanceStatisticsRequest, Reply, Request, VolumeId};
+use ebs_csi_helper_proto::{ClientError, HelperError, PerformanceStatisticsRequest, VolumeId};
 use prometheus::proto::{Bucket, Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, Opts, Registry, TextEncoder};
 
@@ -108,16 +108,15 @@ impl NodeMetrics {
     /// The statistics of `volume_id` on `device`; `None` when it has none
     /// or cannot be read (counted as an error unless it has none).
     async fn read(&self, volume_id: &VolumeId, device: String) -> Option<Statistics> {
-        let request = Request::PerformanceStatistics(PerformanceStatisticsRequest {
+        let request = PerformanceStatisticsRequest {
             volume_id: volume_id.clone(),
             device,
-        });
-        let failure = match self.helper.call(request).await {
-            Ok(Reply::PerformanceStatistics(page)) => match statistics::parse(&page) {
+        };
+        let failure = match self.helper.performance_statistics(request).await {
+            Ok(page) => match statistics::parse(&page) {
                 Ok(statistics) => return Some(statistics),
                 Err(e) => e.to_string(),
             },
-            Ok(other) => format!("unexpected reply {other:?}"),
             // A helper one protocol version older does not know the request.
             Err(NodeError::Helper(ClientError::Helper(
                 e @ (HelperError::StatisticsUnavailable { .. }

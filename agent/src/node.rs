@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use ebs_csi_helper_proto::{
-    ExpandRequest, PublishRequest, PublishSource, Reply, Request as HelperRequest, StageRequest, UnpublishRequest,
+    ExpandRequest, PublishRequest, PublishSource, Request as HelperRequest, StageRequest, UnpublishRequest,
     UnstageRequest, VolumeId,
 };
 use ebs_csi_proto::inflight::{InFlight, InFlightGuard};
@@ -118,7 +118,7 @@ impl NodeService {
         let device = self.finder.wait(&volume_id, device_path, self.device_wait).await?;
         tracing::info!(%volume_id, device = %device.display(), staging_path, fs_type = fs_type.name(), "staging");
         self.helper
-            .call(HelperRequest::Stage(StageRequest {
+            .act(HelperRequest::Stage(StageRequest {
                 volume_id,
                 device: device.to_string_lossy().into_owned(),
                 staging_path: staging_path.to_owned(),
@@ -136,7 +136,7 @@ impl NodeService {
         let _guard = self.guard(&volume_id, ("NodeUnstageVolume", staging_path)).await?;
         tracing::info!(%volume_id, staging_path, "unstaging");
         self.helper
-            .call(HelperRequest::Unstage(UnstageRequest {
+            .act(HelperRequest::Unstage(UnstageRequest {
                 staging_path: staging_path.to_owned(),
             }))
             .await?;
@@ -181,7 +181,7 @@ impl NodeService {
         };
         tracing::info!(%volume_id, target_path, readonly = r.readonly, "publishing");
         self.helper
-            .call(HelperRequest::Publish(PublishRequest {
+            .act(HelperRequest::Publish(PublishRequest {
                 target_path: target_path.to_owned(),
                 readonly: r.readonly,
                 source,
@@ -196,7 +196,7 @@ impl NodeService {
         let _guard = self.guard(&volume_id, ("NodeUnpublishVolume", target_path)).await?;
         tracing::info!(%volume_id, target_path, "unpublishing");
         self.helper
-            .call(HelperRequest::Unpublish(UnpublishRequest {
+            .act(HelperRequest::Unpublish(UnpublishRequest {
                 target_path: target_path.to_owned(),
             }))
             .await?;
@@ -234,17 +234,14 @@ impl NodeService {
             });
         }
         tracing::info!(%volume_id, volume_path, "expanding");
-        let reply = self
+        let size_bytes = self
             .helper
-            .call(HelperRequest::Expand(ExpandRequest {
+            .expand(ExpandRequest {
                 volume_id,
                 device: device.to_string_lossy().into_owned(),
                 volume_path: volume_path.to_owned(),
-            }))
+            })
             .await?;
-        let Reply::Expanded { size_bytes } = reply else {
-            return Err(NodeError::Internal(format!("unexpected helper reply {reply:?}")));
-        };
         Ok(NodeExpandVolumeResponse {
             capacity_bytes: stats::to_i64(size_bytes),
         })

@@ -7,9 +7,7 @@
 
 use std::path::Path;
 
-use ebs_csi_helper_proto::{
-    ClientError, HelperError, Reply, Request, VolumeId, VolumeStatsRequest, VolumeUsage as Usage,
-};
+use ebs_csi_helper_proto::{ClientError, HelperError, VolumeId, VolumeStatsRequest, VolumeUsage as Usage};
 use ebs_csi_linux::mountinfo::{self, MountEntry};
 use ebs_csi_proto::v1::volume_usage::Unit;
 use ebs_csi_proto::v1::{NodeGetVolumeStatsResponse, VolumeCondition, VolumeUsage};
@@ -47,13 +45,12 @@ pub async fn volume_stats(
     } else {
         None
     };
-    let request = Request::VolumeStats(VolumeStatsRequest {
+    let request = VolumeStatsRequest {
         volume_id: volume_id.clone(),
         volume_path: volume_path.to_owned(),
-    });
-    let usage = match helper.call(request).await {
-        Ok(Reply::VolumeStats(usage)) => to_proto(usage),
-        Ok(other) => return Err(NodeError::Internal(format!("the helper answered {other:?}"))),
+    };
+    let usage = match helper.volume_stats(request).await {
+        Ok(usage) => to_proto(usage),
         Err(NodeError::Helper(ClientError::Helper(
             HelperError::NotMounted { .. } | HelperError::NotStaged { .. } | HelperError::DeviceRefused { .. },
         ))) if problem.is_some() => Vec::new(),
