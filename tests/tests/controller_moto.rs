@@ -1238,3 +1238,25 @@ async fn eventual_consistency_never_costs_a_volume() {
     assert_eq!(xml_values(&xml, "status"), vec!["in-use", "attached"]);
     assert_eq!(moto.recorded("DeleteVolume"), 0);
 }
+
+/// `--aws-sdk-debug-log` (the Go driver's flag) turns on the SDK's own
+/// debug lines — the requests it sends and their retries — which stay off
+/// otherwise, whatever `-v`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sdk_debug_log_is_on_only_when_asked() {
+    for (args, shown) in [(&["--aws-sdk-debug-log"][..], true), (&["--v=5"][..], false)] {
+        let Setup {
+            moto: _moto,
+            mut client,
+            controller,
+            _sandbox,
+        } = setup(args).await;
+        created(&mut client, create_request("pvc-debug", 1, &[])).await;
+        let log = controller.process.log();
+        let sdk_lines = log
+            .lines()
+            .filter(|l| l.contains("DEBUG") && l.contains("aws_smithy_runtime"))
+            .count();
+        assert_eq!(sdk_lines > 0, shown, "{args:?}: {sdk_lines} SDK debug lines\n{log}");
+    }
+}

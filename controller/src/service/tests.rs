@@ -940,3 +940,55 @@ async fn a_clone_that_cannot_match_its_request_is_refused() {
     }
     assert_eq!(model.calls("CopyVolumes"), 2);
 }
+
+/// Formatting options are judged before EC2 is called, against the
+/// filesystem the capability asks for (else the class's `fsType`, else
+/// ext4), and refused for a block volume, as the Go driver does
+/// (`controller.go`, "ValidateFormattingOptions").
+#[tokio::test]
+async fn formatting_options_are_judged_against_the_filesystem_before_ec2() {
+    let (model, service) = controller(Behaviour::default());
+    let mount = |fs_type: &str| VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs_type.into(),
+            ..MountVolume::default()
+        })),
+    };
+    for (parameters, cap, expected) in [
+        (
+            &[("blockSize", "4096")][..],
+            capability(Mode::SingleNodeWriter, true),
+            "formatting options (blockSize, inodeSize, …) do not apply to a block volume",
+        ),
+        (
+            &[("bytesPerInode", "4096")][..],
+            mount("xfs"),
+            "bytesPerInode is not supported for xfs",
+        ),
+        (
+            &[("inodeSize", "64")][..],
+            mount(""),
+            "inodeSize=64 is outside 128..=4096 or not a power of two for ext4",
+        ),
+        (
+            &[("csi.storage.k8s.io/fstype", "xfs"), ("numberOfInodes", "1000")][..],
+            mount(""),
+            "numberOfInodes is not supported for xfs",
+        ),
+    ] {
+        let err = service
+            .create(request("pvc-format", parameters, cap))
+            .await
+            .unwrap_err();
+        let message = err.to_string();
+        assert_eq!(
+            (code(err), message.as_str()),
+            (Code::InvalidArgument, expected),
+            "{parameters:?}"
+        );
+    }
+    assert_eq!(model.calls("CreateVolume"), 0);
+}
