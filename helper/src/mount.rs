@@ -120,7 +120,7 @@ pub fn mount_filesystem(device: &VerifiedDevice, fs: FsType, options: &MountOpti
         // inconsistency the kernel finds in it.
         data.push(EXT_ERRORS_DEFAULT.to_owned());
     }
-    if !selinux_enabled() && data.iter().any(|o| o.starts_with("context=")) {
+    if data.iter().any(|o| o.starts_with("context=")) && !selinux_enabled() {
         // The kernel refuses a label it has no LSM for (EINVAL); mount(8)
         // drops it (libmount), and so does this, for the same classes.
         tracing::info!("SELinux is not enabled: the context= option is left out");

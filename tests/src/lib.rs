@@ -476,6 +476,17 @@ impl Helper {
     pub fn call(&self, request: Request) -> Result<Reply, ClientError> {
         self.call_as(AGENT_UID, request)
     }
+
+    /// [`Helper::call`] from another thread, as the agent would while the
+    /// test goes on (stops a tool, sends a signal, asks again).
+    pub fn call_in_background(&self, request: Request) -> std::thread::JoinHandle<Result<Reply, ClientError>> {
+        let socket = self.socket.clone();
+        std::thread::spawn(move || {
+            run_as(AGENT_UID, move || {
+                HelperClient::new(socket, Duration::from_secs(60)).call(request)
+            })
+        })
+    }
 }
 
 /// A helper Stage request: `device` as `volume_id` onto `staging`, with

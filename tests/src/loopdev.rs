@@ -73,6 +73,17 @@ impl LoopVolume {
         signature(&self.device)
     }
 
+    /// The UUID of the filesystem on the device (`blkid -p`): the same
+    /// before and after a request means it was not formatted again.
+    pub fn uuid(&self) -> String {
+        run(
+            "blkid",
+            &["-p", "-s", "UUID", "-o", "value", &self.device.to_string_lossy()],
+        )
+        .trim()
+        .to_owned()
+    }
+
     /// The device's first and last MiB, read through the device: equal
     /// before and after a request means the request wrote nothing where
     /// filesystems and partition tables keep their signatures.

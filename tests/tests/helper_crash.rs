@@ -11,22 +11,18 @@
 )]
 
 use std::path::Path;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use ebs_csi_helper_proto::{
-    ClientError, ExpandRequest, FsType, HelperClient, PublishRequest, PublishSource, Reply, Request, UnpublishRequest,
-    UnstageRequest, VolumeId,
+    ExpandRequest, FsType, PublishRequest, PublishSource, Reply, Request, UnpublishRequest, UnstageRequest, VolumeId,
 };
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use ebs_csi_proto::v1::{NodeStageVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability};
 use ebs_csi_tests::children::exited;
 use ebs_csi_tests::exec_gate::{ExecGate, MKFS, XFS_GROWFS};
-use ebs_csi_tests::loopdev::run;
 use ebs_csi_tests::{
-    AGENT_UID, Agent, Helper, LoopVolume, Sandbox, is_mounted, mounts_under, require_root, run_as, stage_request,
-    wait_until,
+    Agent, Helper, LoopVolume, Sandbox, is_mounted, mounts_under, require_root, stage_request, wait_until,
 };
 use rustix::process::{Pid, Signal, kill_process};
 
@@ -70,22 +66,6 @@ fn crash(helper: Helper, tool: Option<u32>) {
     std::fs::remove_file(socket).unwrap();
 }
 
-/// Sends `request` to `helper` from another thread, as the agent would.
-fn in_background(helper: &Helper, request: Request) -> JoinHandle<Result<Reply, ClientError>> {
-    let socket = helper.socket.clone();
-    std::thread::spawn(move || {
-        run_as(AGENT_UID, move || {
-            HelperClient::new(socket, Duration::from_secs(60)).call(request)
-        })
-    })
-}
-
-fn uuid(device: &Path) -> String {
-    run("blkid", &["-p", "-s", "UUID", "-o", "value", &device.to_string_lossy()])
-        .trim()
-        .to_owned()
-}
-
 fn unstage(helper: &Helper, staging: &Path) {
     let request = Request::Unstage(UnstageRequest {
         staging_path: staging.to_string_lossy().into_owned(),
@@ -109,7 +89,7 @@ fn crash_at(step: Step) {
     let helper = match step {
         Step::DuringMkfs | Step::AfterMkfs => {
             let gate = ExecGate::watch(helper.process.pid(), &MKFS);
-            let call = in_background(&helper, stage.clone());
+            let call = helper.call_in_background(stage.clone());
             let mkfs = gate.caught(Duration::from_secs(20));
             if matches!(step, Step::AfterMkfs) {
                 signal(mkfs, Signal::CONT);
@@ -130,7 +110,7 @@ fn crash_at(step: Step) {
                 volume_path: staging.to_string_lossy().into_owned(),
             });
             let gate = ExecGate::watch(helper.process.pid(), &XFS_GROWFS);
-            let call = in_background(&helper, expand.clone());
+            let call = helper.call_in_background(expand.clone());
             let growfs = gate.caught(Duration::from_secs(20));
             crash(helper, Some(growfs));
             let _ = call.join().unwrap();
@@ -177,10 +157,10 @@ fn crash_at(step: Step) {
         std::fs::write(&marker, "intact").unwrap();
     }
     // Staged again from scratch: the same filesystem, not a new one.
-    let formatted = uuid(&volume.device);
+    let formatted = volume.uuid();
     unstage(&helper, &staging);
     assert_eq!(helper.call(stage).unwrap(), Reply::Done);
-    assert_eq!(uuid(&volume.device), formatted, "{step:?}: formatted twice");
+    assert_eq!(volume.uuid(), formatted, "{step:?}: formatted twice");
     assert_eq!(
         std::fs::read_to_string(&marker).unwrap(),
         "intact",
@@ -264,14 +244,14 @@ async fn an_agent_killed_mid_stage_leaves_a_retry_that_works() {
         assert_eq!(mounts_under(sandbox.path()).len(), 1, "mounted more than once");
         let marker = staging.join("written-after-the-crash");
         std::fs::write(&marker, "intact").unwrap();
-        let formatted = uuid(&volume.device);
+        let formatted = volume.uuid();
         let unstage = NodeUnstageVolumeRequest {
             volume_id: VOLUME.into(),
             staging_target_path: staging.to_string_lossy().into_owned(),
         };
         client.node_unstage_volume(unstage.clone()).await.unwrap();
         client.node_stage_volume(request).await.unwrap();
-        assert_eq!(uuid(&volume.device), formatted, "formatted twice");
+        assert_eq!(volume.uuid(), formatted, "formatted twice");
         assert_eq!(std::fs::read_to_string(&marker).unwrap(), "intact");
         client.node_unstage_volume(unstage).await.unwrap();
     }

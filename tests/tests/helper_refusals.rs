@@ -400,17 +400,7 @@ fn a_malformed_path_is_refused_without_waiting_for_the_lock() {
             volume_path: volume_path.to_owned(),
         })
     };
-    let holding = {
-        let (socket, request) = (
-            helper.socket.clone(),
-            expand(&volume.device, &staging.to_string_lossy()),
-        );
-        std::thread::spawn(move || {
-            run_as(AGENT_UID, move || {
-                ebs_csi_helper_proto::HelperClient::new(socket, Duration::from_secs(60)).call(request)
-            })
-        })
-    };
+    let holding = helper.call_in_background(expand(&volume.device, &staging.to_string_lossy()));
     let growfs = gate.caught(Duration::from_secs(20));
     let malformed = "/etc/../etc/shadow";
     for request in [

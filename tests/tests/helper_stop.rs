@@ -14,15 +14,12 @@
     reason = "integration tests: a failed step fails the test"
 )]
 
-use std::path::Path;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ebs_csi_helper_proto::{ClientError, FsType, HelperClient, Reply, Request};
+use ebs_csi_helper_proto::{FsType, Reply, Request};
 use ebs_csi_tests::children::{children_named, exited};
 use ebs_csi_tests::exec_gate::{ExecGate, MKFS};
-use ebs_csi_tests::loopdev::run;
-use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, require_root, run_as, spawn, stage_request, wait_until};
+use ebs_csi_tests::{Helper, LoopVolume, Sandbox, require_root, spawn, stage_request, wait_until};
 use rustix::process::{Pid, Signal, kill_process};
 
 const VOLUME: &str = "vol-0a5a5a5a5a5a5a5a5";
@@ -49,22 +46,6 @@ fn helper_as_pid_1(sandbox: &Sandbox, extra: &[&str]) -> (Helper, u32) {
 
 fn signal(pid: u32, signal: Signal) {
     kill_process(Pid::from_raw(i32::try_from(pid).unwrap()).unwrap(), signal).unwrap();
-}
-
-/// Sends `request` to `helper` from another thread, as the agent would.
-fn in_background(helper: &Helper, request: Request) -> JoinHandle<Result<Reply, ClientError>> {
-    let socket = helper.socket.clone();
-    std::thread::spawn(move || {
-        run_as(AGENT_UID, move || {
-            HelperClient::new(socket, Duration::from_secs(60)).call(request)
-        })
-    })
-}
-
-fn uuid(device: &Path) -> String {
-    run("blkid", &["-p", "-s", "UUID", "-o", "value", &device.to_string_lossy()])
-        .trim()
-        .to_owned()
 }
 
 #[test]
@@ -97,14 +78,14 @@ fn a_format_in_flight_at_sigterm_completes_and_the_volume_stages_on_the_next_sta
     let stage = stage_request(VOLUME, &volume.device, &staging, FsType::Ext4, &[]);
     let (mut helper, pid) = helper_as_pid_1(&sandbox, &[]);
     let gate = ExecGate::watch(pid, &MKFS);
-    let call = in_background(&helper, stage.clone());
+    let call = helper.call_in_background(stage.clone());
     let mkfs = gate.caught(Duration::from_secs(20));
     signal(pid, Signal::TERM);
     wait_until("the helper to stop accepting", Duration::from_secs(5), || {
         helper.process.log().contains("stopping: no new connections")
     });
     // Asked to stop, it waits for the format, and serves nobody new.
-    let late = in_background(&helper, Request::Ping);
+    let late = helper.call_in_background(Request::Ping);
     assert_eq!(helper.process.exit_within(Duration::from_secs(1)), None);
     signal(mkfs, Signal::CONT);
     assert_eq!(call.join().unwrap().unwrap(), Reply::Done);
@@ -114,13 +95,13 @@ fn a_format_in_flight_at_sigterm_completes_and_the_volume_stages_on_the_next_sta
     assert!(log.contains("stopped: no request in flight"), "{log}");
     assert!(late.join().unwrap().is_err(), "a connection after SIGTERM was served");
     assert_eq!(volume.signature(), "TYPE=ext4");
-    let formatted = uuid(&volume.device);
+    let formatted = volume.uuid();
     drop(helper);
     // The next helper stages the same filesystem, formatted once.
     std::fs::remove_file(sandbox.path().join("helper/helper.sock")).unwrap();
     let helper = Helper::start(&sandbox, &[]);
     assert_eq!(helper.call(stage).unwrap(), Reply::Done);
-    assert_eq!(uuid(&volume.device), formatted);
+    assert_eq!(volume.uuid(), formatted);
 }
 
 #[test]
@@ -133,7 +114,7 @@ fn a_format_past_the_stop_timeout_is_killed_before_it_writes_and_formats_on_the_
     let stage = stage_request(VOLUME, &volume.device, &staging, FsType::Xfs, &[]);
     let (mut helper, pid) = helper_as_pid_1(&sandbox, &["--stop-timeout-seconds", "1"]);
     let gate = ExecGate::watch(pid, &MKFS);
-    let call = in_background(&helper, stage.clone());
+    let call = helper.call_in_background(stage.clone());
     let mkfs = gate.caught(Duration::from_secs(20));
     signal(pid, Signal::TERM);
     let status = helper.process.exit_within(Duration::from_secs(3));

@@ -4,9 +4,16 @@
 //! this network namespace, the client gives up after its 1 s read timeout
 //! ("failed to load IMDS session token").
 
+use std::sync::LazyLock;
+
 use aws_config::imds::Client;
 
 use super::{Found, causes};
+
+/// One client for the process: it keeps its IMDSv2 session token, so
+/// NodeGetInfo's read of the interfaces (every
+/// `nodeAllocatableUpdatePeriodSeconds`) asks for no new token.
+static CLIENT: LazyLock<Client> = LazyLock::new(|| Client::builder().build());
 
 /// A metadata path IMDS did not answer.
 #[derive(Debug, thiserror::Error)]
@@ -25,8 +32,8 @@ pub struct ImdsError {
 /// (the zone id and the boot volumes are optional: without the one the
 /// node reports no zone id, without the other only the root is reserved).
 pub async fn read() -> Result<Found, ImdsError> {
-    let client = Client::builder().build();
-    let get = |path: &'static str| get(&client, path);
+    let client = &*CLIENT;
+    let get = |path: &'static str| get(client, path);
     let instance_id = get("/latest/meta-data/instance-id").await?;
     let availability_zone = get("/latest/meta-data/placement/availability-zone").await?;
     let availability_zone_id = match get("/latest/meta-data/placement/availability-zone-id").await {
@@ -40,7 +47,7 @@ pub async fn read() -> Result<Found, ImdsError> {
     // metadata categories": outpost-arn).
     let outpost_arn = get("/latest/meta-data/outpost-arn").await.ok();
     let instance_type = get("/latest/meta-data/instance-type").await?;
-    let network_interfaces = count_interfaces(&client).await?;
+    let network_interfaces = network_interfaces().await?;
     // Entries are `ami`, `root`, `ebsN`, `ephemeralN`, `swap` (EC2 User
     // Guide, "Instance metadata categories").
     let boot_volumes = match get("/latest/meta-data/block-device-mapping/").await {
@@ -69,11 +76,7 @@ pub async fn read() -> Result<Found, ImdsError> {
 /// # Errors
 /// [`ImdsError`] when IMDS does not answer.
 pub async fn network_interfaces() -> Result<u32, ImdsError> {
-    count_interfaces(&Client::builder().build()).await
-}
-
-async fn count_interfaces(client: &Client) -> Result<u32, ImdsError> {
-    let macs = get(client, "/latest/meta-data/network/interfaces/macs/").await?;
+    let macs = get(&CLIENT, "/latest/meta-data/network/interfaces/macs/").await?;
     Ok(u32::try_from(macs.lines().filter(|l| !l.trim().is_empty()).count())
         .unwrap_or(1)
         .max(1))
