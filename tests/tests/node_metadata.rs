@@ -347,10 +347,12 @@ async fn the_startup_taint_goes_once_the_node_is_ready() {
             .all(|p| p.contains("application/json-patch+json") && p.contains(r#""op":"test""#)),
         "{requests}"
     );
-    assert!(
-        agent.process.log().contains("removed the startup taint"),
-        "{}",
-        agent.process.log()
+    // The stub stores the patched Node before it answers, so the agent
+    // logs the removal a moment after the Node shows it.
+    wait_until(
+        "the agent to log the removal",
+        std::time::Duration::from_secs(10),
+        || agent.process.log().contains("removed the startup taint"),
     );
 }
 
