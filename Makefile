@@ -35,6 +35,9 @@ IMAGE_PACKAGES := buildah podman runc
 VM_DIR := target/vm
 # The output of the last `make test`'s cargo test.
 TEST_LOG := target/test.log
+# LLVM's coverage tools of the compiler's LLVM major version (rustc -vV).
+COVERAGE_PACKAGES := llvm-22
+LLVM_BIN := /usr/lib/llvm-22/bin
 VM_PACKAGES := qemu-system-x86 busybox-static cpio dmsetup mmdebstrap
 KERNEL_PACKAGE := linux-image-cloud-amd64
 # The systemd test VMs (tests/tests/systemd_vm.rs): root disks of these
@@ -55,7 +58,7 @@ TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
-.PHONY: all build test demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper instance-types budget \
+.PHONY: all build test demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper instance-types budget coverage \
 	install install-files static image image-deps validate-deploy vm vm-deps
 
 all: build
@@ -110,7 +113,7 @@ test: deps moto
 	@# previous helper) did not run: that fails the run (tests/build.rs).
 	@if grep -E '\.\.\. ignored, needs ' $(TEST_LOG); then \
 	  echo "error: the tests above did not run (make test runs them as root with what they need)"; exit 1; fi
-	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy instance-types budget image
+	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy instance-types budget coverage image
 
 ## previous-helper: the helper of the previous protocol version (3), built
 ## from its commit for tests/tests/helper_upgrade.rs (a rolling upgrade),
@@ -200,6 +203,13 @@ validate-deploy: moto
 ## docs/helper.md.
 budget:
 	python3 helper/budget.py
+
+## coverage: the requests' branch coverage by their tests over the fake
+## kernel, run as nobody, against the floor docs/helper.md states.
+coverage:
+	$(call apt_install,$(COVERAGE_PACKAGES))
+	@command -v cargo-llvm-cov >/dev/null || $(CARGO) install --quiet --locked cargo-llvm-cov@0.9.1
+	python3 helper/coverage.py $(TARGET_DIR)/coverage $(LLVM_BIN)
 
 ## instance-types: agent/data/instance-types.tsv is what generate.py makes
 ## of moto's DescribeInstanceTypes capture and its corrections.

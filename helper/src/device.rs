@@ -178,6 +178,22 @@ impl VerifiedDevice {
     }
 }
 
+#[cfg(test)]
+impl VerifiedDevice {
+    /// A device the requests' fake kernel stands in for, `file` playing the
+    /// disk (`handler/tests/fake.rs`).
+    pub(crate) fn stand_in(volume_id: VolumeId, name: &str, number: DeviceNumber, file: OwnedFd) -> Self {
+        Self {
+            volume_id,
+            name: name.to_owned(),
+            number,
+            file: Arc::new(file),
+            disk_sequence: None,
+            policy: IdentityPolicy::default(),
+        }
+    }
+}
+
 /// Opens `device` and proves it is `volume_id` (docs/helper.md, "Device
 /// checks"):
 ///
@@ -260,19 +276,29 @@ pub fn refuse_if_published_raw(device: &VerifiedDevice, mounts: &[MountEntry]) -
 
 /// Refuses a raw block publish of a device whose filesystem (or a
 /// partition's) is mounted anywhere: a pod must never write to the block
-/// device of a filesystem the kernel has mounted.
+/// device of a filesystem the kernel has mounted. `numbers` are the
+/// device's and its partitions' ([`numbers_of`]).
 ///
 /// # Errors
 /// [`HelperError::DeviceRefused`] with [`Refusal::FilesystemMounted`].
-pub fn refuse_if_mounted(device: &VerifiedDevice, mounts: &[MountEntry]) -> Result<(), HelperError> {
-    let numbers = InUse::of(&device.name, device.number, &sysfs_dir(device.number)).numbers;
+pub fn refuse_if_mounted(
+    device: &VerifiedDevice,
+    numbers: &[DeviceNumber],
+    mounts: &[MountEntry],
+) -> Result<(), HelperError> {
     if mounts.iter().any(|m| numbers.contains(&(m.major, m.minor))) {
         return Err(device.refusal(Refusal::FilesystemMounted));
     }
     Ok(())
 }
 
-fn refused(device: &str, volume_id: &VolumeId, reason: Refusal) -> HelperError {
+/// The device numbers of `device` and of its partitions (from sysfs).
+pub fn numbers_of(device: &VerifiedDevice) -> Vec<DeviceNumber> {
+    InUse::of(&device.name, device.number, &sysfs_dir(device.number)).numbers
+}
+
+/// [`HelperError::DeviceRefused`] of `device` for `volume_id`, for `reason`.
+pub(crate) fn refused(device: &str, volume_id: &VolumeId, reason: Refusal) -> HelperError {
     HelperError::DeviceRefused {
         device: device.to_owned(),
         volume_id: volume_id.to_string(),

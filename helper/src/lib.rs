@@ -17,6 +17,7 @@ pub mod format;
 pub mod grow;
 pub mod handler;
 pub mod harden;
+pub mod kernel;
 pub mod layout;
 pub mod mount;
 pub mod mounts;

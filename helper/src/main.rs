@@ -14,6 +14,7 @@ use ebs_csi_helper::exec::Executor;
 use ebs_csi_helper::grow::Grower;
 use ebs_csi_helper::handler::Handler;
 use ebs_csi_helper::harden;
+use ebs_csi_helper::kernel::Linux;
 use ebs_csi_helper::layout::Layout;
 use ebs_csi_helper::mounts::MountTables;
 use ebs_csi_helper::path::AllowedRoots;
@@ -150,7 +151,8 @@ fn main() -> anyhow::Result<()> {
     if policy.nvme_vendor_id != EBS_VENDOR_ID || policy.nvme_model != EBS_MODEL {
         tracing::warn!(vendor_id = policy.nvme_vendor_id, model = %policy.nvme_model, "test mode: accepting NVMe controllers that are not EBS volumes");
     }
-    let handler = Arc::new(Handler::new(roots, mounts, policy, tools, formatter, grower));
+    let kernel = Linux::new(mounts, policy, tools, formatter, grower);
+    let handler = Arc::new(Handler::new(roots, Box::new(kernel)));
     let config = ServerConfig {
         allowed_uids: args.allowed_uids,
         max_connections: args.max_connections,

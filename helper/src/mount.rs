@@ -1,7 +1,7 @@
 //! The mount-table changes the helper makes, each on an fd the helper
 //! resolved itself (`/proc/self/fd/N`), never on a path the agent sent.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use ebs_csi_helper_proto::{FsType, HelperError};
 use rustix::fs::{AtFlags, FileType, StatxAttributes, StatxFlags};
@@ -30,6 +30,10 @@ pub struct Node {
     pub is_mount_root: bool,
     /// Directory, regular file, block device, …
     pub file_type: FileType,
+    /// The owner's uid.
+    pub uid: u32,
+    /// The size in bytes.
+    pub size: u64,
 }
 
 /// Reads [`Node`] for an fd.
@@ -37,7 +41,7 @@ pub struct Node {
 /// # Errors
 /// [`HelperError::System`] when `statx` fails or the kernel does not
 /// report `STATX_ATTR_MOUNT_ROOT`.
-pub fn inspect(fd: &OwnedFd) -> Result<Node, HelperError> {
+pub fn inspect(fd: BorrowedFd<'_>) -> Result<Node, HelperError> {
     let stx = rustix::fs::statx(
         fd,
         "",
@@ -58,6 +62,8 @@ pub fn inspect(fd: &OwnedFd) -> Result<Node, HelperError> {
         mount_id: stx.stx_mnt_id,
         is_mount_root: stx.stx_attributes.contains(StatxAttributes::MOUNT_ROOT),
         file_type: FileType::from_raw_mode(u32::from(stx.stx_mode)),
+        uid: stx.stx_uid,
+        size: stx.stx_size,
     })
 }
 
@@ -71,44 +77,33 @@ pub const EXT_ERRORS_DEFAULT: &str = "errors=remount-ro";
 /// (`move_mount(2)`), never onto a name; dropped unattached, it is gone
 /// without a trace.
 #[derive(Debug)]
-pub struct Detached(OwnedFd);
+pub struct Detached(pub(crate) OwnedFd);
 
 impl Detached {
-    /// What the new mount's root is: the device it mounts, its type.
-    ///
-    /// # Errors
-    /// As [`inspect`].
-    pub fn node(&self) -> Result<Node, HelperError> {
-        inspect(&self.0)
-    }
-
-    /// Attaches the mount onto `target`, the fd of the directory (or file,
-    /// for a device node) the helper resolved, and returns the fd of the
-    /// attached mount's root.
-    ///
-    /// # Errors
-    /// [`HelperError::System`] when `move_mount(2)` fails.
-    pub fn attach(self, target: &OwnedFd) -> Result<OwnedFd, HelperError> {
-        tracing::info!(mount = %fd_path(&self.0), target = %fd_path(target), "attach mount");
-        let flags = MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH;
-        rustix::mount::move_mount(&self.0, "", target, "", flags).map_err(|e| system("attaching the mount", e))?;
-        Ok(self.0)
+    /// The new mount's root.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
     }
 }
 
-/// Makes a detached mount of the filesystem on `device` (`fsopen(2)`,
-/// `fsconfig(2)`, `fsmount(2)`). The source is the kernel's name for the
-/// device ([`VerifiedDevice::path`], see [`crate::device`] for why not the
-/// fd), verified again right before; the caller checks the mount before
-/// attaching it. Always `nosuid,nodev`; XFS always `nouuid`, so a copy
-/// restored from a snapshot mounts beside its source; ext2/3/4
-/// [`EXT_ERRORS_DEFAULT`] unless the request gives `errors=`.
+/// Attaches `mount` onto `target`, the fd of the directory (or file, for a
+/// device node) the helper resolved, and returns the fd of the attached
+/// mount's root.
 ///
 /// # Errors
-/// [`HelperError::DeviceRefused`] when the device changed,
-/// [`HelperError::System`] when a call of the mount API fails (the
-/// filesystem's own message is in the kernel log).
-pub fn mount_filesystem(device: &VerifiedDevice, fs: FsType, options: &MountOptions) -> Result<Detached, HelperError> {
+/// [`HelperError::System`] when `move_mount(2)` fails.
+pub fn attach(mount: Detached, target: BorrowedFd<'_>) -> Result<OwnedFd, HelperError> {
+    tracing::info!(mount = %fd_path(&mount.0), target = %fd_path(&target), "attach mount");
+    let flags = MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH;
+    rustix::mount::move_mount(&mount.0, "", target, "", flags).map_err(|e| system("attaching the mount", e))?;
+    Ok(mount.0)
+}
+
+/// `options` as a staging mount of `fs` always has them: `nosuid,nodev`;
+/// XFS `nouuid`, so a copy restored from a snapshot mounts beside its
+/// source; ext2/3/4 [`EXT_ERRORS_DEFAULT`] unless the request gives
+/// `errors=`.
+pub fn staging_options(fs: FsType, options: &MountOptions) -> MountOptions {
     let mut data = options.data.clone();
     if fs == FsType::Xfs && !data.iter().any(|o| o == "nouuid") {
         data.push("nouuid".to_owned());
@@ -120,13 +115,31 @@ pub fn mount_filesystem(device: &VerifiedDevice, fs: FsType, options: &MountOpti
         // inconsistency the kernel finds in it.
         data.push(EXT_ERRORS_DEFAULT.to_owned());
     }
+    MountOptions {
+        flags: options.flags | MountFlags::NOSUID | MountFlags::NODEV,
+        data,
+    }
+}
+
+/// Makes a detached mount of the filesystem on `device` (`fsopen(2)`,
+/// `fsconfig(2)`, `fsmount(2)`) with `options` ([`staging_options`]). The
+/// source is the kernel's name for the device ([`VerifiedDevice::path`],
+/// see [`crate::device`] for why not the fd), verified again right before;
+/// the caller checks the mount before attaching it.
+///
+/// # Errors
+/// [`HelperError::DeviceRefused`] when the device changed,
+/// [`HelperError::System`] when a call of the mount API fails (the
+/// filesystem's own message is in the kernel log).
+pub fn mount_filesystem(device: &VerifiedDevice, fs: FsType, options: &MountOptions) -> Result<Detached, HelperError> {
+    let mut data = options.data.clone();
     if data.iter().any(|o| o.starts_with("context=")) && !selinux_enabled() {
         // The kernel refuses a label it has no LSM for (EINVAL); mount(8)
         // drops it (libmount), and so does this, for the same classes.
         tracing::info!("SELinux is not enabled: the context= option is left out");
         data.retain(|o| !o.starts_with("context="));
     }
-    let flags = options.flags | MountFlags::NOSUID | MountFlags::NODEV;
+    let flags = options.flags;
     let source = device.path();
     device.reverify()?;
     tracing::info!(device = ?source, fs_type = fs.name(), ?flags, ?data, "mount");
@@ -197,8 +210,8 @@ fn selinux_enabled() -> bool {
 ///
 /// # Errors
 /// [`HelperError::System`] when `open_tree(2)` fails.
-pub fn bind(source: &impl AsFd) -> Result<Detached, HelperError> {
-    tracing::info!(source = %fd_path(&source.as_fd().as_raw_fd()), "bind mount");
+pub fn bind(source: BorrowedFd<'_>) -> Result<Detached, HelperError> {
+    tracing::info!(source = %fd_path(&source), "bind mount");
     let flags = OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_EMPTY_PATH;
     rustix::mount::open_tree(source, "", flags)
         .map(Detached)
@@ -210,9 +223,9 @@ pub fn bind(source: &impl AsFd) -> Result<Detached, HelperError> {
 ///
 /// # Errors
 /// [`HelperError::System`] when `mount(2)` fails.
-pub fn remount_bind(mount_root: &OwnedFd, flags: MountFlags) -> Result<(), HelperError> {
-    tracing::info!(target = %fd_path(mount_root), ?flags, "remount bind");
-    rustix::mount::mount_remount(fd_path(mount_root).as_str(), MountFlags::BIND | flags, "")
+pub fn remount_bind(mount_root: BorrowedFd<'_>, flags: MountFlags) -> Result<(), HelperError> {
+    tracing::info!(target = %fd_path(&mount_root), ?flags, "remount bind");
+    rustix::mount::mount_remount(fd_path(&mount_root).as_str(), MountFlags::BIND | flags, "")
         .map_err(|e| system("remount", e))
 }
 
@@ -222,8 +235,8 @@ pub fn remount_bind(mount_root: &OwnedFd, flags: MountFlags) -> Result<(), Helpe
 ///
 /// # Errors
 /// [`HelperError::System`] when `umount2(2)` fails (`EBUSY` while in use).
-pub fn unmount(parent: &OwnedFd, name: &str) -> Result<(), HelperError> {
-    let target = format!("{}/{name}", fd_path(parent));
+pub fn unmount(parent: BorrowedFd<'_>, name: &str) -> Result<(), HelperError> {
+    let target = format!("{}/{name}", fd_path(&parent));
     tracing::info!(?target, "unmount");
     rustix::mount::unmount(target.as_str(), UnmountFlags::NOFOLLOW).map_err(|e| system(format!("unmounting {name}"), e))
 }

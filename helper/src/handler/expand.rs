@@ -3,7 +3,7 @@
 use ebs_csi_helper_proto::{ExpandRequest, FsType, HelperError, Reply};
 use rustix::fs::FileType;
 
-use super::{Handler, find_mount, open_existing};
+use super::{Handler, find_mount};
 use crate::path::SafePath;
 
 impl Handler {
@@ -12,12 +12,14 @@ impl Handler {
     /// online (the tool gets the device, or for XFS the mount's root, as
     /// its fd 3), report the device size.
     pub(super) fn expand(&self, r: &ExpandRequest, path: &SafePath<'_>) -> Result<Reply, HelperError> {
-        let mounts = self.mounts.read()?;
+        let mounts = self.kernel.mounts()?;
         let device = self.verify(&r.volume_id, &r.device, &mounts)?;
         let not_mounted = || HelperError::NotMounted {
             path: r.volume_path.clone(),
         };
-        let (fd, node) = open_existing(path, FileType::Directory).map_err(|_| not_mounted())?;
+        let (fd, node) = self
+            .open_existing(path, FileType::Directory)
+            .map_err(|_| not_mounted())?;
         if !node.is_mount_root || node.dev != device.number {
             return Err(not_mounted());
         }

@@ -11,6 +11,9 @@ mod stats;
 mod unpublish;
 mod unstage;
 
+#[cfg(test)]
+mod tests;
+
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -19,13 +22,12 @@ use ebs_csi_linux::mountinfo::MountEntry;
 use rustix::fs::{FileType, Mode, OFlags};
 
 use crate::claim::Claims;
-use crate::device::{self, IdentityPolicy, VerifiedDevice};
+use crate::device::VerifiedDevice;
 use crate::error::system;
-use crate::exec::{DEVICE_ARG, Executor, Tool, ToolTarget};
-use crate::grow::{self, Grower};
+use crate::grow;
+use crate::kernel::Kernel;
 use crate::layout::Role;
-use crate::mount::{self, Node};
-use crate::mounts::MountTables;
+use crate::mount::Node;
 use crate::path::{AllowedRoots, SYMLINK, SafePath, open_beneath};
 
 /// Serves requests with a fixed configuration.
@@ -36,36 +38,18 @@ use crate::path::{AllowedRoots, SYMLINK, SafePath, open_beneath};
 #[derive(Debug)]
 pub struct Handler {
     roots: AllowedRoots,
-    mounts: MountTables,
-    policy: IdentityPolicy,
-    tools: Executor,
-    formatter: Executor,
-    grower: Grower,
+    kernel: Box<dyn Kernel>,
     exclusive: Mutex<()>,
     claims: Claims,
 }
 
 impl Handler {
-    /// A handler that acts beneath `roots` on devices `policy` accepts,
-    /// checking them against `mounts`,
-    /// running `mkfs` on `formatter` (its thread count is the number of
-    /// formats at once) and every other tool on `tools`, growing ext
-    /// filesystems on `grower`.
-    pub fn new(
-        roots: AllowedRoots,
-        mounts: MountTables,
-        policy: IdentityPolicy,
-        tools: Executor,
-        formatter: Executor,
-        grower: Grower,
-    ) -> Self {
+    /// A handler that acts beneath `roots` through `kernel`
+    /// ([`crate::kernel::Linux`] in the helper).
+    pub fn new(roots: AllowedRoots, kernel: Box<dyn Kernel>) -> Self {
         Self {
             roots,
-            mounts,
-            policy,
-            tools,
-            formatter,
-            grower,
+            kernel,
             exclusive: Mutex::new(()),
             claims: Claims::default(),
         }
@@ -116,11 +100,11 @@ impl Handler {
         always_xfs: bool,
     ) -> Result<(), HelperError> {
         let device_bytes = device.size_bytes()?;
-        let (blocks, block_size) = grow::filesystem_size(device, fs_type)?;
+        let (blocks, block_size) = self.kernel.filesystem_size(device, fs_type)?;
         if fs_type != FsType::Xfs {
             let target = grow::ext_target_blocks(device_bytes, block_size);
             return if target > blocks {
-                self.grower.resize_ext(root.as_fd(), target)
+                self.kernel.resize_ext(root.as_fd(), target)
             } else {
                 Ok(())
             };
@@ -128,20 +112,28 @@ impl Handler {
         if !always_xfs && blocks.saturating_add(1).saturating_mul(block_size) > device_bytes {
             return Ok(());
         }
-        self.tools
-            .run_checked(
-                Tool::XfsGrowfs,
-                &[DEVICE_ARG],
-                ToolTarget::MountOf(device, root.as_fd()),
-            )
-            .map(drop)
+        self.kernel.xfs_growfs(device, root.as_fd())
     }
 
     /// Proves `device` is `volume_id` and that no format is running on it.
     fn verify(&self, volume_id: &VolumeId, device: &str, mounts: &[MountEntry]) -> Result<VerifiedDevice, HelperError> {
-        let verified = device::verify(volume_id, device, &self.policy, &self.roots, mounts)?;
+        let verified = self.kernel.verify(volume_id, device, &self.roots, mounts)?;
         self.claims.check(verified.number, &verified.path())?;
         Ok(verified)
+    }
+
+    /// Opens an existing path and checks its type.
+    fn open_existing(&self, path: &SafePath<'_>, file_type: FileType) -> Result<(OwnedFd, Node), HelperError> {
+        let refuse = |reason: &str| HelperError::PathRefused {
+            path: path.as_str().to_owned(),
+            reason: reason.to_owned(),
+        };
+        let fd = path.open()?.ok_or_else(|| refuse("does not exist"))?;
+        let node = self.kernel.inspect(fd.as_fd())?;
+        if node.file_type != file_type {
+            return Err(refuse(&format!("is not a {file_type:?}")));
+        }
+        Ok((fd, node))
     }
 
     fn exclusively<T>(&self, operation: impl FnOnce() -> T) -> T {
@@ -197,21 +189,21 @@ fn refuse_foreign_mount(
 pub const NOT_EMPTY: &str = "holds files; only an empty directory or an empty file is mounted over";
 
 /// Refuses a directory with any entry, or a file with any byte, at `path`
-/// (`fd`, an `O_PATH` fd of it, of `file_type` as the caller's `statx`
-/// found): a mount over it would hide or replace what is there.
-fn refuse_if_not_empty(path: &SafePath<'_>, fd: &OwnedFd, file_type: FileType) -> Result<(), HelperError> {
+/// (`fd`, an `O_PATH` fd of it, `node` as the caller's `statx` found it): a
+/// mount over it would hide or replace what is there.
+fn refuse_if_not_empty(path: &SafePath<'_>, fd: &OwnedFd, node: &Node) -> Result<(), HelperError> {
     let error = |e| system(format!("listing {}", path.as_str()), e);
-    let mut holds_something = false;
-    if file_type == FileType::Directory {
+    let holds_something = if node.file_type == FileType::Directory {
         let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
         let dir = rustix::fs::openat(fd, ".", flags, Mode::empty()).map_err(error)?;
-        for entry in rustix::fs::Dir::read_from(&dir).map_err(error)? {
+        let mut entries = rustix::fs::Dir::read_from(&dir).map_err(error)?;
+        entries.try_fold(false, |any, entry| {
             let name = entry.map_err(error)?.file_name().to_bytes().to_owned();
-            holds_something |= name != b"." && name != b"..";
-        }
+            Ok::<_, HelperError>(any || (name != b"." && name != b".."))
+        })?
     } else {
-        holds_something = rustix::fs::fstat(fd).map_err(error)?.st_size != 0;
-    }
+        node.size != 0
+    };
     if holds_something {
         return Err(HelperError::PathRefused {
             path: path.as_str().to_owned(),
@@ -219,20 +211,6 @@ fn refuse_if_not_empty(path: &SafePath<'_>, fd: &OwnedFd, file_type: FileType) -
         });
     }
     Ok(())
-}
-
-/// Opens an existing path and checks its type.
-fn open_existing(path: &SafePath<'_>, file_type: FileType) -> Result<(OwnedFd, Node), HelperError> {
-    let refuse = |reason: &str| HelperError::PathRefused {
-        path: path.as_str().to_owned(),
-        reason: reason.to_owned(),
-    };
-    let fd = path.open()?.ok_or_else(|| refuse("does not exist"))?;
-    let node = mount::inspect(&fd)?;
-    if node.file_type != file_type {
-        return Err(refuse(&format!("is not a {file_type:?}")));
-    }
-    Ok((fd, node))
 }
 
 /// Opens the target's last component in its already opened parent.

@@ -1,8 +1,8 @@
 //! Publish (`docs/helper.md`, "Publish").
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 
-use ebs_csi_helper_proto::{FsType, HelperError, PublishRequest, PublishSource, Reply};
+use ebs_csi_helper_proto::{FsType, HelperError, PublishRequest, PublishSource, Reply, VolumeId};
 use ebs_csi_linux::mountinfo::MountEntry;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::mount::MountFlags;
@@ -11,144 +11,184 @@ use super::{Handler, already_mounted, find_mount, open_target, refuse_if_not_emp
 use crate::device;
 use crate::error::system;
 use crate::layout::Role;
-use crate::mount::{self, Node};
+use crate::mount::Node;
 use crate::options;
 use crate::path::SafePath;
 
+/// What Publish bind-mounts: the staged filesystem's root, or a raw block
+/// volume's device node.
+struct Source {
+    fd: OwnedFd,
+    node: Node,
+    /// The per-mount flags the request asked for.
+    flags: MountFlags,
+    /// A directory (a filesystem) or a regular file (a device node) is
+    /// its target.
+    target_type: FileType,
+}
+
+impl Source {
+    /// Whether `node`, a mount's root, shows this source.
+    fn shows(&self, node: &Node) -> bool {
+        match self.target_type {
+            FileType::Directory => (node.dev, node.ino) == (self.node.dev, self.node.ino),
+            _ => node.file_type == FileType::BlockDevice && node.rdev == self.node.rdev,
+        }
+    }
+}
+
 impl Handler {
-    /// Publish: validate options, verify the source's device and, for a
-    /// staged volume, that the staging mount is that device's filesystem;
-    /// accept an identical existing mount, create the target, bind-mount,
-    /// check the new mount, apply flags. A refusal after the target was
-    /// created removes it again.
+    /// Publish: the source proved; the target resolved (its parents
+    /// created); an identical existing mount accepted, else the target
+    /// checked or created, the source bind-mounted onto it. A refusal after
+    /// the target was created removes it again.
     pub(super) fn publish(&self, r: &PublishRequest) -> Result<Reply, HelperError> {
-        let mounts = self.mounts.read()?;
-        let (source, source_node, user_flags, want_type) = match &r.source {
+        let mounts = self.kernel.mounts()?;
+        let source = match &r.source {
             PublishSource::Staging {
                 volume_id,
                 device,
                 staging_path,
                 mount_flags,
-            } => {
-                let flags = options::parse(None, mount_flags)?.flags | MountFlags::NODEV;
-                let device = self.verify(volume_id, device, &mounts)?;
-                let staging = self.roots.check(staging_path, Role::Staging)?;
-                let (fd, node) = staging
-                    .open()?
-                    .map(|fd| mount::inspect(&fd).map(|n| (fd, n)))
-                    .transpose()?
-                    .filter(|(_, node)| node.is_mount_root)
-                    .ok_or_else(|| HelperError::NotMounted {
-                        path: staging_path.clone(),
-                    })?;
-                let is_filesystem =
-                    find_mount(&mounts, node.mount_id).is_some_and(|m| FsType::from_name(&m.fs_type).is_some());
-                if node.dev != device.number || !is_filesystem {
-                    return Err(HelperError::NotStaged {
-                        path: staging_path.clone(),
-                        volume_id: volume_id.to_string(),
-                    });
-                }
-                (fd, node, flags, FileType::Directory)
-            }
-            PublishSource::Device { volume_id, device } => {
-                let device = self.verify(volume_id, device, &mounts)?;
-                device::refuse_if_mounted(&device, &mounts)?;
-                let fd = rustix::io::fcntl_dupfd_cloexec(device.fd(), 0)
-                    .map_err(|e| system("duplicating the device fd", e))?;
-                let node = mount::inspect(&fd)?;
-                (fd, node, MountFlags::empty(), FileType::RegularFile)
-            }
+            } => self.staged_source(volume_id, device, staging_path, mount_flags, &mounts)?,
+            PublishSource::Device { volume_id, device } => self.device_source(volume_id, device, &mounts)?,
         };
-        let flags = user_flags
+        let flags = source.flags
             | MountFlags::NOSUID
             | if r.readonly {
                 MountFlags::RDONLY
             } else {
                 MountFlags::empty()
             };
-        let role = if want_type == FileType::Directory {
+        let role = if source.target_type == FileType::Directory {
             Role::Target
         } else {
             Role::BlockTarget
         };
         let target = self.roots.check(&r.target_path, role)?;
         let parent = target.open_parent(true)?;
-        let same_source = |node: &Node| match want_type {
-            FileType::Directory => (node.dev, node.ino) == (source_node.dev, source_node.ino),
-            _ => node.file_type == FileType::BlockDevice && node.rdev == source_node.rdev,
-        };
         if let Some(existing) = open_target(&parent, &target)? {
-            let node = mount::inspect(&existing)?;
+            let node = self.kernel.inspect(existing.as_fd())?;
             if node.is_mount_root {
                 let read_only = find_mount(&mounts, node.mount_id).is_some_and(MountEntry::is_read_only);
-                return if same_source(&node) && read_only == r.readonly {
+                return if source.shows(&node) && read_only == r.readonly {
                     Ok(Reply::Done)
                 } else {
                     Err(already_mounted(&target, &node))
                 };
             }
-            if node.file_type != want_type {
+            if node.file_type != source.target_type {
                 return Err(HelperError::PathRefused {
                     path: r.target_path.clone(),
-                    reason: format!("exists and is not a {want_type:?}"),
+                    reason: format!("exists and is not a {:?}", source.target_type),
                 });
             }
-            refuse_if_not_empty(&target, &existing, node.file_type)?;
-            bind_checked(&source, existing, &parent, &target, flags, same_source)
-        } else {
-            create_target(&parent, &target, want_type)?;
-            open_target(&parent, &target)
-                .and_then(|created| created.ok_or_else(|| system("opening the new target", "vanished")))
-                .and_then(|created| {
-                    // Reopened by name (a directory cannot be created and
-                    // opened in one call): what is there now must still be
-                    // what was created, of its type and empty.
-                    if mount::inspect(&created)?.file_type != want_type {
-                        return Err(system("opening the new target", "replaced during the request"));
-                    }
-                    refuse_if_not_empty(&target, &created, want_type)?;
-                    Ok(created)
-                })
-                .and_then(|created| bind_checked(&source, created, &parent, &target, flags, same_source))
-                .inspect_err(|_| {
-                    let flags = if want_type == FileType::Directory {
-                        AtFlags::REMOVEDIR
-                    } else {
-                        AtFlags::empty()
-                    };
-                    let _ = rustix::fs::unlinkat(&parent, target.name(), flags);
-                })
+            refuse_if_not_empty(&target, &existing, &node)?;
+            return self.bind_checked(&source, existing, &parent, &target, flags);
         }
+        create_target(&parent, &target, source.target_type)?;
+        open_target(&parent, &target)
+            .and_then(|created| created.ok_or_else(|| system("opening the new target", "vanished")))
+            .and_then(|created| {
+                // Reopened by name (a directory cannot be created and
+                // opened in one call): what is there now must still be
+                // what was created, of its type and empty.
+                let node = self.kernel.inspect(created.as_fd())?;
+                if node.file_type != source.target_type {
+                    return Err(system("opening the new target", "replaced during the request"));
+                }
+                refuse_if_not_empty(&target, &created, &node)?;
+                Ok(created)
+            })
+            .and_then(|created| self.bind_checked(&source, created, &parent, &target, flags))
+            .inspect_err(|_| {
+                let flags = if source.target_type == FileType::Directory {
+                    AtFlags::REMOVEDIR
+                } else {
+                    AtFlags::empty()
+                };
+                let _ = rustix::fs::unlinkat(&parent, target.name(), flags);
+            })
     }
-}
 
-/// Bind-mounts `source` onto `target_fd`, the target the helper opened:
-/// the new mount is checked to be the source before it is attached, then
-/// given `flags`; if that fails it is unmounted again.
-fn bind_checked(
-    source: &OwnedFd,
-    target_fd: OwnedFd,
-    parent: &OwnedFd,
-    target: &SafePath<'_>,
-    flags: MountFlags,
-    same_source: impl Fn(&Node) -> bool,
-) -> Result<Reply, HelperError> {
-    let mount = mount::bind(source)?;
-    if !same_source(&mount.node()?) {
-        return Err(system(
-            "checking the new bind mount",
-            "the source changed during the request",
-        ));
+    /// A staged volume: options judged, the device proved, the staging
+    /// path a mount point of that device's ext2/3/4 or XFS filesystem.
+    fn staged_source(
+        &self,
+        volume_id: &VolumeId,
+        device: &str,
+        staging_path: &str,
+        mount_flags: &[String],
+        mounts: &[MountEntry],
+    ) -> Result<Source, HelperError> {
+        let flags = options::parse(None, mount_flags)?.flags | MountFlags::NODEV;
+        let device = self.verify(volume_id, device, mounts)?;
+        let staging = self.roots.check(staging_path, Role::Staging)?;
+        let not_mounted = || HelperError::NotMounted {
+            path: staging_path.to_owned(),
+        };
+        let fd = staging.open()?.ok_or_else(not_mounted)?;
+        let node = self.kernel.inspect(fd.as_fd())?;
+        if !node.is_mount_root {
+            return Err(not_mounted());
+        }
+        let is_filesystem = find_mount(mounts, node.mount_id).is_some_and(|m| FsType::from_name(&m.fs_type).is_some());
+        if node.dev != device.number || !is_filesystem {
+            return Err(HelperError::NotStaged {
+                path: staging_path.to_owned(),
+                volume_id: volume_id.to_string(),
+            });
+        }
+        Ok(Source {
+            fd,
+            node,
+            flags,
+            target_type: FileType::Directory,
+        })
     }
-    let root = mount.attach(&target_fd)?;
-    drop(target_fd);
-    if let Err(e) = mount::remount_bind(&root, flags) {
-        drop(root);
-        mount::unmount(parent, target.name())?;
-        return Err(e);
+
+    /// A raw block volume: the device proved, neither it nor a partition
+    /// mounted anywhere.
+    fn device_source(&self, volume_id: &VolumeId, device: &str, mounts: &[MountEntry]) -> Result<Source, HelperError> {
+        let device = self.verify(volume_id, device, mounts)?;
+        device::refuse_if_mounted(&device, &self.kernel.device_numbers(&device), mounts)?;
+        let fd = rustix::io::fcntl_dupfd_cloexec(device.fd(), 0).map_err(|e| system("duplicating the device fd", e))?;
+        let node = self.kernel.inspect(fd.as_fd())?;
+        Ok(Source {
+            fd,
+            node,
+            flags: MountFlags::empty(),
+            target_type: FileType::RegularFile,
+        })
     }
-    Ok(Reply::Done)
+
+    /// Bind-mounts the source onto `target_fd`, the target the helper
+    /// opened: the new mount is checked to be the source before it is
+    /// attached, then given `flags`; if that fails it is unmounted again.
+    fn bind_checked(
+        &self,
+        source: &Source,
+        target_fd: OwnedFd,
+        parent: &OwnedFd,
+        target: &SafePath<'_>,
+        flags: MountFlags,
+    ) -> Result<Reply, HelperError> {
+        let mount = self.kernel.bind(source.fd.as_fd())?;
+        if !source.shows(&self.kernel.inspect(mount.fd())?) {
+            return Err(system(
+                "checking the new bind mount",
+                "the source changed during the request",
+            ));
+        }
+        let root = self.kernel.attach(mount, target_fd.as_fd())?;
+        drop(target_fd);
+        if let Err(e) = self.kernel.remount_bind(root.as_fd(), flags) {
+            drop(root);
+            self.kernel.unmount(parent.as_fd(), target.name())?;
+            return Err(e);
+        }
+        Ok(Reply::Done)
+    }
 }
 
 /// Creates the target: a directory (filesystem volumes) or an empty file

@@ -4,15 +4,15 @@
 //! format a device proved blank (outside the lock, the device claimed) and
 //! mount what was made, after proving the same again under the lock.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 use ebs_csi_helper_proto::{HelperError, Reply, StageRequest};
 use ebs_csi_linux::mountinfo::MountEntry;
 use rustix::fs::FileType;
 
-use super::{Handler, already_mounted, open_existing, refuse_if_not_empty};
+use super::{Handler, already_mounted, refuse_if_not_empty};
 use crate::device::{self, Refusal, VerifiedDevice};
-use crate::format::{self, Contents};
+use crate::format::Contents;
 use crate::layout::Role;
 use crate::mount;
 use crate::options::{self, MountOptions};
@@ -37,14 +37,14 @@ impl Handler {
         let staging = self.roots.check(&r.staging_path, Role::Staging)?;
         let exclusive = self.lock();
         // 3–6. Under the lock: the staging directory, the device proved.
-        let (dir, node) = open_existing(&staging, FileType::Directory)?;
-        let mounts = self.mounts.read()?;
+        let (dir, node) = self.open_existing(&staging, FileType::Directory)?;
+        let mounts = self.kernel.mounts()?;
         let device = self.verify(&r.volume_id, &r.device, &mounts)?;
         let Some(dir) = vacant(&staging, dir, &node, &device, &mounts)? else {
             return Ok(Reply::Done);
         };
         // 7. What the device holds decides.
-        match format::probe(&self.tools, &device)? {
+        match self.kernel.probe(&device)? {
             Contents::Filesystem(found) if found == r.fs_type.name() => {
                 return self.mount_staged(r, &options, &staging, dir, &device, Grow::IfSmaller);
             }
@@ -63,14 +63,14 @@ impl Handler {
         let claim = self.claims.claim(device.number, &device.path())?;
         drop(exclusive);
         tracing::info!(volume_id = %r.volume_id, device = ?device.path(), fs_type = r.fs_type.name(), "format");
-        format::format(&self.formatter, r.fs_type, &r.format, &device)?;
+        self.kernel.format(r.fs_type, &r.format, &device)?;
         let _exclusive = self.lock();
         drop(claim);
         // 9. Under the lock again: the same device, the staging directory
         // as it is now; then the new filesystem mounted.
-        let (dir, node) = open_existing(&staging, FileType::Directory)?;
-        let mounts = self.mounts.read()?;
-        device.reverify()?;
+        let (dir, node) = self.open_existing(&staging, FileType::Directory)?;
+        let mounts = self.kernel.mounts()?;
+        self.kernel.reverify(&device)?;
         let Some(dir) = vacant(&staging, dir, &node, &device, &mounts)? else {
             return Ok(Reply::Done);
         };
@@ -93,17 +93,19 @@ impl Handler {
     ) -> Result<Reply, HelperError> {
         // The kernel mounts what `/dev/<name>` names when it mounts: that
         // must still be the verified device.
-        let mount = mount::mount_filesystem(device, r.fs_type, options)?;
-        if mount.node()?.dev != device.number || device.reverify().is_err() {
+        let options = mount::staging_options(r.fs_type, options);
+        let mount = self.kernel.mount_filesystem(device, r.fs_type, &options)?;
+        if self.kernel.inspect(mount.fd())?.dev != device.number || self.kernel.reverify(device).is_err() {
             return Err(device.refusal(Refusal::Changed));
         }
-        let root = mount.attach(&dir)?;
+        let root = self.kernel.attach(mount, dir.as_fd())?;
         drop(dir);
         if grow == Grow::IfSmaller
             && let Err(e) = self.grow(r.fs_type, device, &root, false)
         {
             drop(root);
-            mount::unmount(&staging.open_parent(false)?, staging.name())?;
+            self.kernel
+                .unmount(staging.open_parent(false)?.as_fd(), staging.name())?;
             return Err(e);
         }
         Ok(Reply::Done)
@@ -128,7 +130,7 @@ fn vacant(
             Err(already_mounted(staging, node))
         };
     }
-    refuse_if_not_empty(staging, &dir, node.file_type)?;
+    refuse_if_not_empty(staging, &dir, node)?;
     device::refuse_if_published_raw(device, mounts)?;
     Ok(Some(dir))
 }

@@ -1,15 +1,15 @@
 //! The read-only requests, served outside the lock: VolumeStats and
 //! PerformanceStatistics (`docs/helper.md`).
 
+use std::os::fd::AsFd;
+
 use ebs_csi_helper_proto::{HelperError, PerformanceStatisticsRequest, Reply, VolumeStatsRequest, VolumeUsage};
-use ebs_csi_linux::nvme::{self, LogPage};
+use ebs_csi_linux::nvme::LogPage;
 use rustix::fs::FileType;
 
 use super::{Handler, MountKind, refuse_foreign_mount};
-use crate::device;
 use crate::error::system;
 use crate::layout::Role;
-use crate::mount;
 
 impl Handler {
     /// VolumeStats (read-only, so outside the lock): the volume path must
@@ -18,13 +18,13 @@ impl Handler {
     /// the node's) must prove to be the volume; then statvfs of that same
     /// mount's fd, or the device's size.
     pub(super) fn volume_stats(&self, r: &VolumeStatsRequest) -> Result<Reply, HelperError> {
-        let mounts = self.mounts.read()?;
+        let mounts = self.kernel.mounts()?;
         let path = self.roots.check(&r.volume_path, Role::Volume)?;
         let not_mounted = || HelperError::NotMounted {
             path: r.volume_path.clone(),
         };
         let fd = path.open()?.ok_or_else(not_mounted)?;
-        let node = mount::inspect(&fd)?;
+        let node = self.kernel.inspect(fd.as_fd())?;
         if !node.is_mount_root {
             return Err(not_mounted());
         }
@@ -35,7 +35,11 @@ impl Handler {
             path: r.volume_path.clone(),
             volume_id: r.volume_id.to_string(),
         };
-        let device = self.verify(&r.volume_id, &device::path_of(number).ok_or_else(not_staged)?, &mounts)?;
+        let device = self.verify(
+            &r.volume_id,
+            &self.kernel.device_path(number).ok_or_else(not_staged)?,
+            &mounts,
+        )?;
         if device.number != number {
             return Err(not_staged());
         }
@@ -61,15 +65,14 @@ impl Handler {
     /// must prove to be the volume; then Get Log Page 0xD0 on that same
     /// fd, its bytes returned as they are.
     pub(super) fn performance_statistics(&self, r: &PerformanceStatisticsRequest) -> Result<Reply, HelperError> {
-        let mounts = self.mounts.read()?;
+        let mounts = self.kernel.mounts()?;
         let device = self.verify(&r.volume_id, &r.device, &mounts)?;
-        match nvme::get_log_page(device.fd(), nvme::EBS_STATISTICS_LOG_PAGE) {
-            Ok(LogPage::Read(page)) => Ok(Reply::PerformanceStatistics(page.to_vec())),
-            Ok(LogPage::Unavailable(status)) => Err(HelperError::StatisticsUnavailable {
+        match self.kernel.statistics_page(&device)? {
+            LogPage::Read(page) => Ok(Reply::PerformanceStatistics(page.to_vec())),
+            LogPage::Unavailable(status) => Err(HelperError::StatisticsUnavailable {
                 device: device.path(),
                 status,
             }),
-            Err(e) => Err(system(format!("Get Log Page on {}", device.path()), e)),
         }
     }
 }

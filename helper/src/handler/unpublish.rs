@@ -1,11 +1,12 @@
 //! Unpublish (`docs/helper.md`, "Unpublish").
 
+use std::os::fd::AsFd;
+
 use ebs_csi_helper_proto::{HelperError, Reply};
 use rustix::fs::{AtFlags, FileType};
 
 use super::{Handler, MountKind, NOT_A_MOUNT_POINT, open_target, refuse_foreign_mount};
 use crate::error::system;
-use crate::mount;
 use crate::path::SafePath;
 
 impl Handler {
@@ -19,24 +20,25 @@ impl Handler {
             return Ok(Reply::Done);
         };
         let parent = target.open_parent(false)?;
-        let node = mount::inspect(&fd)?;
+        let node = self.kernel.inspect(fd.as_fd())?;
         drop(fd);
         if node.is_mount_root {
-            refuse_foreign_mount(target, &node, &self.mounts.read()?, MountKind::FilesystemOrDevice)?;
-            mount::unmount(&parent, target.name())?;
+            refuse_foreign_mount(target, &node, &self.kernel.mounts()?, MountKind::FilesystemOrDevice)?;
+            self.kernel.unmount(parent.as_fd(), target.name())?;
         }
         let Some(fd) = open_target(&parent, target)? else {
             return Ok(Reply::Done);
         };
-        let left = rustix::fs::fstat(&fd).map_err(|e| system("fstat", e))?;
+        let left = self.kernel.inspect(fd.as_fd())?;
         drop(fd);
         let not_ours = || HelperError::PathRefused {
             path: target.as_str().to_owned(),
             reason: NOT_A_MOUNT_POINT.to_owned(),
         };
-        let flags = match FileType::from_raw_mode(left.st_mode) {
-            FileType::Directory if left.st_uid == 0 => AtFlags::REMOVEDIR,
-            FileType::RegularFile if left.st_uid == 0 && left.st_size == 0 => AtFlags::empty(),
+        let ours = left.uid == 0;
+        let flags = match left.file_type {
+            FileType::Directory if ours => AtFlags::REMOVEDIR,
+            FileType::RegularFile if ours && left.size == 0 => AtFlags::empty(),
             _ => return Err(not_ours()),
         };
         tracing::info!(target = ?target.as_str(), "remove mount point");

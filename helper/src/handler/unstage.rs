@@ -1,9 +1,10 @@
 //! Unstage (`docs/helper.md`, "Unstage").
 
+use std::os::fd::AsFd;
+
 use ebs_csi_helper_proto::{HelperError, Reply};
 
 use super::{Handler, MountKind, refuse_foreign_mount};
-use crate::mount;
 use crate::path::SafePath;
 
 impl Handler {
@@ -14,11 +15,12 @@ impl Handler {
         let Some(fd) = staging.open()? else {
             return Ok(Reply::Done);
         };
-        let node = mount::inspect(&fd)?;
+        let node = self.kernel.inspect(fd.as_fd())?;
         drop(fd);
         if node.is_mount_root {
-            refuse_foreign_mount(staging, &node, &self.mounts.read()?, MountKind::Filesystem)?;
-            mount::unmount(&staging.open_parent(false)?, staging.name())?;
+            refuse_foreign_mount(staging, &node, &self.kernel.mounts()?, MountKind::Filesystem)?;
+            self.kernel
+                .unmount(staging.open_parent(false)?.as_fd(), staging.name())?;
         }
         Ok(Reply::Done)
     }

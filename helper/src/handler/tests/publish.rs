@@ -1,0 +1,229 @@
+//! Publish over the fake: a staged filesystem or a raw block device, each
+//! branch of `handler/publish.rs` in its order.
+
+use ebs_csi_helper_proto::{HelperError, PublishSource, Reply, Request};
+use rustix::mount::MountFlags;
+
+use super::fake::{Action, Step};
+use super::{DEVICE, NUMBER, World, device_refused, path_refused};
+use crate::device::Refusal;
+use crate::handler::NOT_EMPTY;
+use crate::path::{NOT_ITS_SHAPE, SYMLINK};
+
+fn bound(source: &str, target: &str, flags: MountFlags) -> [Action; 3] {
+    [
+        Action::Bind { source: source.into() },
+        Action::Attach { target: target.into() },
+        Action::Remount {
+            target: target.into(),
+            flags,
+        },
+    ]
+}
+
+#[test]
+fn a_staged_filesystem_is_bound_nosuid_nodev_and_read_only_when_asked() {
+    for (readonly, flags, options) in [
+        (false, MountFlags::NODEV | MountFlags::NOSUID, "rw,nosuid,nodev"),
+        (
+            true,
+            MountFlags::NODEV | MountFlags::NOSUID | MountFlags::RDONLY,
+            "ro,nosuid,nodev",
+        ),
+    ] {
+        let world = World::staged();
+        let request = Request::Publish(world.publish_request(readonly));
+        assert_eq!(world.handle(request.clone()), Ok(Reply::Done));
+        assert_eq!(world.fake.actions(), bound(&world.staging(), &world.target(), flags));
+        assert_eq!(world.fake.mounted()[1], (world.target(), "ext4".into(), options.into()));
+        // Again, the same: done, nothing done.
+        world.fake.forget();
+        assert_eq!(world.handle(request), Ok(Reply::Done));
+        assert_eq!(world.fake.actions(), []);
+        // Again, the other read-only state: refused.
+        let expected = HelperError::AlreadyMounted {
+            path: world.target(),
+            detail: "a filesystem on device 259:1".into(),
+        };
+        world.refused(Request::Publish(world.publish_request(!readonly)), &expected);
+    }
+}
+
+#[test]
+fn the_source_must_be_the_volumes_staged_filesystem() {
+    let world = World::new();
+    let not_mounted = HelperError::NotMounted { path: world.staging() };
+    world.refused(Request::Publish(world.publish_request(false)), &not_mounted);
+    for (fs_type, number) in [("tmpfs", NUMBER), ("ext4", (259, 2))] {
+        let world = World::new();
+        world.fake.mount_foreign(world.staging().as_ref(), fs_type, number);
+        let not_staged = HelperError::NotStaged {
+            path: world.staging(),
+            volume_id: super::VOLUME.into(),
+        };
+        world.refused(Request::Publish(world.publish_request(false)), &not_staged);
+    }
+
+    let world = World::staged();
+    let mut request = world.publish_request(false);
+    let PublishSource::Staging { device, .. } = &mut request.source else {
+        unreachable!()
+    };
+    *device = super::OTHER_DEVICE.into();
+    let other = HelperError::DeviceRefused {
+        device: super::OTHER_DEVICE.into(),
+        volume_id: super::VOLUME.into(),
+        reason: Refusal::OtherVolume.to_string(),
+    };
+    world.refused(Request::Publish(request), &other);
+}
+
+#[test]
+fn a_target_of_another_shape_or_through_a_symlink_is_refused() {
+    let world = World::staged();
+    let mut request = world.publish_request(false);
+    request.target_path = world.block_target();
+    world.refused(
+        Request::Publish(request),
+        &path_refused(&world.block_target(), NOT_ITS_SHAPE),
+    );
+    std::fs::create_dir_all(world.path("pods/pod-1/volumes")).unwrap();
+    let elsewhere = world.root.parent().unwrap().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, world.path("pods/pod-1/volumes/kubernetes.io~csi")).unwrap();
+    world.refused(
+        Request::Publish(world.publish_request(false)),
+        &path_refused(&world.target(), SYMLINK),
+    );
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+}
+
+#[test]
+fn an_existing_target_must_be_an_empty_directory() {
+    let world = World::staged();
+    let target = world.target();
+    std::fs::create_dir_all(std::path::Path::new(&target).parent().unwrap()).unwrap();
+    std::fs::write(&target, b"").unwrap();
+    let wrong = path_refused(&target, "exists and is not a Directory");
+    world.refused(Request::Publish(world.publish_request(false)), &wrong);
+    std::fs::remove_file(&target).unwrap();
+    std::fs::create_dir(&target).unwrap();
+    std::fs::write(format!("{target}/secret"), b"x").unwrap();
+    world.refused(
+        Request::Publish(world.publish_request(false)),
+        &path_refused(&target, NOT_EMPTY),
+    );
+    std::fs::remove_file(format!("{target}/secret")).unwrap();
+    assert_eq!(
+        world.handle(Request::Publish(world.publish_request(false))),
+        Ok(Reply::Done)
+    );
+    assert_eq!(world.fake.mounted()[1].0, target);
+}
+
+#[test]
+fn a_failed_remount_unmounts_and_removes_the_target_it_created() {
+    let world = World::staged();
+    let failure = HelperError::System {
+        operation: "remount".into(),
+        detail: "EPERM".into(),
+    };
+    world.fake.fail(Step::Remount, 0, failure.clone());
+    assert_eq!(
+        world.handle(Request::Publish(world.publish_request(false))),
+        Err(failure)
+    );
+    let mut expected = bound(&world.staging(), &world.target(), MountFlags::empty())[..2].to_vec();
+    expected.push(Action::Unmount { target: world.target() });
+    assert_eq!(world.fake.actions(), expected);
+    assert_eq!(world.fake.mounted().len(), 1);
+    assert!(!std::path::Path::new(&world.target()).exists());
+}
+
+#[test]
+fn a_raw_block_volume_is_bound_onto_a_new_empty_file() {
+    let world = World::new();
+    assert_eq!(
+        world.handle(Request::Publish(world.block_publish_request())),
+        Ok(Reply::Done)
+    );
+    assert_eq!(
+        world.fake.actions(),
+        bound(DEVICE, &world.block_target(), MountFlags::NOSUID)
+    );
+    assert_eq!(
+        world.fake.mounted(),
+        [(world.block_target(), "devtmpfs".into(), "rw,nosuid,nodev".into())]
+    );
+    assert_eq!(std::fs::metadata(world.block_target()).unwrap().len(), 0);
+    world.fake.forget();
+    assert_eq!(
+        world.handle(Request::Publish(world.block_publish_request())),
+        Ok(Reply::Done)
+    );
+    assert_eq!(world.fake.actions(), []);
+}
+
+#[test]
+fn a_device_whose_filesystem_is_mounted_is_never_published_raw() {
+    let world = World::staged();
+    world.refused(
+        Request::Publish(world.block_publish_request()),
+        &device_refused(DEVICE, Refusal::FilesystemMounted),
+    );
+}
+
+#[test]
+fn a_target_that_is_a_symlink_is_refused() {
+    let world = World::staged();
+    let target = world.target();
+    std::fs::create_dir_all(std::path::Path::new(&target).parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink("/etc", &target).unwrap();
+    world.refused(
+        Request::Publish(world.publish_request(false)),
+        &path_refused(&target, SYMLINK),
+    );
+}
+
+#[test]
+fn a_bind_that_shows_another_source_is_dropped_unattached() {
+    let world = World::staged();
+    let staging = world.staging();
+    // The staging mount replaced by another volume's between the proof of
+    // the source and its bind.
+    world.fake.before(Step::Bind, 0, move |fake| {
+        fake.mount_foreign(staging.as_ref(), "ext4", (259, 2));
+    });
+    let changed = HelperError::System {
+        operation: "checking the new bind mount".into(),
+        detail: "the source changed during the request".into(),
+    };
+    assert_eq!(
+        world.handle(Request::Publish(world.publish_request(false))),
+        Err(changed)
+    );
+    assert_eq!(
+        world.fake.actions(),
+        [Action::Bind {
+            source: world.staging()
+        }]
+    );
+    assert!(!std::path::Path::new(&world.target()).exists());
+}
+
+#[test]
+fn a_target_that_is_another_mount_is_refused_even_of_the_same_filesystem() {
+    // Another directory of the volume's own filesystem bound there (the
+    // same device, another inode), or another filesystem.
+    for number in [NUMBER, (0, 99)] {
+        let world = World::staged();
+        let target = world.target();
+        std::fs::create_dir_all(&target).unwrap();
+        world.fake.mount_foreign(target.as_ref(), "ext4", number);
+        let expected = HelperError::AlreadyMounted {
+            path: target,
+            detail: format!("a filesystem on device {}:{}", number.0, number.1),
+        };
+        world.refused(Request::Publish(world.publish_request(false)), &expected);
+    }
+}

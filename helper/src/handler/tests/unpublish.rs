@@ -1,0 +1,69 @@
+//! Unpublish over the fake (`handler/unpublish.rs`).
+
+use ebs_csi_helper_proto::{Reply, Request, UnpublishRequest};
+
+use super::fake::Action;
+use super::{World, path_refused};
+use crate::handler::{FOREIGN_MOUNT, NOT_A_MOUNT_POINT};
+use crate::path::SYMLINK;
+
+fn unpublish(path: &str) -> Request {
+    Request::Unpublish(UnpublishRequest {
+        target_path: path.into(),
+    })
+}
+
+#[test]
+fn a_published_volume_is_unmounted_and_its_mount_point_removed() {
+    for block in [false, true] {
+        let world = if block { World::new() } else { World::staged() };
+        let (request, target) = if block {
+            (world.block_publish_request(), world.block_target())
+        } else {
+            (world.publish_request(false), world.target())
+        };
+        world.handle(Request::Publish(request)).unwrap();
+        world.fake.forget();
+        assert_eq!(world.handle(unpublish(&target)), Ok(Reply::Done));
+        assert_eq!(world.fake.actions(), [Action::Unmount { target: target.clone() }]);
+        assert!(!std::path::Path::new(&target).exists());
+        assert_eq!(world.handle(unpublish(&target)), Ok(Reply::Done), "missing");
+    }
+}
+
+#[test]
+fn what_the_helper_does_not_make_is_left_as_it_is() {
+    let world = World::new();
+    let target = world.target();
+    std::fs::create_dir_all(&target).unwrap();
+    world.fake.mount_foreign(target.as_ref(), "tmpfs", (0, 99));
+    world.refused(unpublish(&target), &path_refused(&target, FOREIGN_MOUNT));
+
+    let world = World::new();
+    let target = world.target();
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(format!("{target}/data"), b"x").unwrap();
+    world.refused(unpublish(&target), &path_refused(&target, NOT_A_MOUNT_POINT));
+    std::fs::remove_dir_all(&target).unwrap();
+    std::fs::write(&target, b"x").unwrap();
+    world.refused(unpublish(&target), &path_refused(&target, NOT_A_MOUNT_POINT));
+    std::fs::remove_file(&target).unwrap();
+    std::os::unix::fs::symlink("/etc", &target).unwrap();
+    world.refused(unpublish(&target), &path_refused(&target, SYMLINK));
+}
+
+#[test]
+fn a_mount_point_someone_else_owns_is_left() {
+    for file in [false, true] {
+        let world = World::new();
+        let target = world.target();
+        std::fs::create_dir_all(std::path::Path::new(&target).parent().unwrap()).unwrap();
+        if file {
+            std::fs::write(&target, b"").unwrap();
+        } else {
+            std::fs::create_dir(&target).unwrap();
+        }
+        world.fake.chown(target.as_ref(), 1000);
+        world.refused(unpublish(&target), &path_refused(&target, NOT_A_MOUNT_POINT));
+    }
+}

@@ -1,0 +1,44 @@
+//! Unstage over the fake (`handler/unstage.rs`).
+
+use ebs_csi_helper_proto::{Reply, Request, UnstageRequest};
+
+use super::fake::Action;
+use super::{World, path_refused};
+use crate::handler::FOREIGN_MOUNT;
+use crate::path::NOT_ITS_SHAPE;
+
+fn unstage(path: &str) -> Request {
+    Request::Unstage(UnstageRequest {
+        staging_path: path.into(),
+    })
+}
+
+#[test]
+fn a_staged_volume_is_unmounted_and_its_directory_left() {
+    let world = World::staged();
+    assert_eq!(world.handle(unstage(&world.staging())), Ok(Reply::Done));
+    assert_eq!(
+        world.fake.actions(),
+        [Action::Unmount {
+            target: world.staging()
+        }]
+    );
+    assert_eq!(world.fake.mounted(), []);
+    assert!(std::path::Path::new(&world.staging()).is_dir());
+    world.fake.forget();
+    assert_eq!(world.handle(unstage(&world.staging())), Ok(Reply::Done), "not a mount");
+    std::fs::remove_dir(world.staging()).unwrap();
+    assert_eq!(world.handle(unstage(&world.staging())), Ok(Reply::Done), "missing");
+    assert_eq!(world.fake.actions(), []);
+}
+
+#[test]
+fn a_mount_the_helper_does_not_make_or_a_misshapen_path_is_refused() {
+    let world = World::new();
+    world.fake.mount_foreign(world.staging().as_ref(), "tmpfs", (0, 99));
+    world.refused(
+        unstage(&world.staging()),
+        &path_refused(&world.staging(), FOREIGN_MOUNT),
+    );
+    world.refused(unstage(&world.target()), &path_refused(&world.target(), NOT_ITS_SHAPE));
+}

@@ -1,0 +1,223 @@
+//! The kernel seam: every question the requests ask the kernel about
+//! devices and mounts, and every change they make to them, behind one
+//! trait. [`Linux`] is the helper's implementation, made of the modules
+//! that make the calls (`device`, `mount`, `mounts`, `format`, `grow`,
+//! `exec`); the requests' unit tests run over a recording fake instead
+//! (`handler/tests/fake.rs`), as a normal user, and assert what would have
+//! been done.
+//!
+//! Resolving paths beneath the allowed roots (`openat2`, `mkdirat`,
+//! `unlinkat`, reading a directory, `fstatvfs`) stays outside the seam: it
+//! needs no privilege beneath a directory the caller owns, so the unit
+//! tests make those calls for real, in a temporary directory.
+
+use std::fmt;
+use std::os::fd::{BorrowedFd, OwnedFd};
+
+use ebs_csi_helper_proto::{FormatOptions, FsType, HelperError, VolumeId};
+use ebs_csi_linux::mountinfo::MountEntry;
+use ebs_csi_linux::nvme::{self, LogPage};
+use rustix::mount::MountFlags;
+
+use crate::claim::DeviceNumber;
+use crate::device::{self, IdentityPolicy, VerifiedDevice};
+use crate::error::system;
+use crate::exec::{DEVICE_ARG, Executor, Tool, ToolTarget};
+use crate::format::{self, Contents};
+use crate::grow::{self, Grower};
+use crate::mount::{self, Detached, Node};
+use crate::mounts::MountTables;
+use crate::options::MountOptions;
+use crate::path::AllowedRoots;
+
+/// What the requests ask of the kernel. Each method is one step of
+/// `docs/helper.md`; its errors are the [`HelperError`]s that step answers.
+pub trait Kernel: fmt::Debug + Send + Sync {
+    /// The mount tables every check reads: the helper's own and the node's
+    /// ([`MountTables::read`]).
+    fn mounts(&self) -> Result<Vec<MountEntry>, HelperError>;
+
+    /// What `statx` says of `fd` ([`mount::inspect`]).
+    fn inspect(&self, fd: BorrowedFd<'_>) -> Result<Node, HelperError>;
+
+    /// Opens `device` and proves it is `volume_id`, not in use outside
+    /// `roots` ([`device::verify`]).
+    fn verify(
+        &self,
+        volume_id: &VolumeId,
+        device: &str,
+        roots: &AllowedRoots,
+        mounts: &[MountEntry],
+    ) -> Result<VerifiedDevice, HelperError>;
+
+    /// Proves again that `device` is the disk it was
+    /// ([`VerifiedDevice::reverify`]).
+    fn reverify(&self, device: &VerifiedDevice) -> Result<(), HelperError>;
+
+    /// The device numbers of `device` and of its partitions.
+    fn device_numbers(&self, device: &VerifiedDevice) -> Vec<DeviceNumber>;
+
+    /// `/dev/<name>` of the disk numbered `number` now; `None` for none
+    /// ([`device::path_of`]).
+    fn device_path(&self, number: DeviceNumber) -> Option<String>;
+
+    /// What `device` holds ([`format::probe`]).
+    fn probe(&self, device: &VerifiedDevice) -> Result<Contents, HelperError>;
+
+    /// Makes an `fs` filesystem on `device` ([`format::format`]).
+    fn format(&self, fs: FsType, options: &FormatOptions, device: &VerifiedDevice) -> Result<(), HelperError>;
+
+    /// A detached mount of the `fs` filesystem on `device`
+    /// ([`mount::mount_filesystem`]).
+    fn mount_filesystem(
+        &self,
+        device: &VerifiedDevice,
+        fs: FsType,
+        options: &MountOptions,
+    ) -> Result<Detached, HelperError>;
+
+    /// A detached bind mount of `source` ([`mount::bind`]).
+    fn bind(&self, source: BorrowedFd<'_>) -> Result<Detached, HelperError>;
+
+    /// Attaches `mount` onto `target`; the attached mount's root
+    /// ([`mount::attach`]).
+    fn attach(&self, mount: Detached, target: BorrowedFd<'_>) -> Result<OwnedFd, HelperError>;
+
+    /// Gives the bind mount whose root is `root` the per-mount `flags`
+    /// ([`mount::remount_bind`]).
+    fn remount_bind(&self, root: BorrowedFd<'_>, flags: MountFlags) -> Result<(), HelperError>;
+
+    /// Unmounts `name` in `parent` ([`mount::unmount`]).
+    fn unmount(&self, parent: BorrowedFd<'_>, name: &str) -> Result<(), HelperError>;
+
+    /// The `fs` filesystem's size on `device` as its superblock says:
+    /// (blocks, block size in bytes) ([`grow::filesystem_size`]).
+    fn filesystem_size(&self, device: &VerifiedDevice, fs: FsType) -> Result<(u64, u64), HelperError>;
+
+    /// Grows the ext filesystem mounted with its root at `root` to
+    /// `blocks` ([`Grower::resize_ext`]).
+    fn resize_ext(&self, root: BorrowedFd<'_>, blocks: u64) -> Result<(), HelperError>;
+
+    /// Grows the XFS filesystem of `device` mounted with its root at
+    /// `root` to the device's size (`xfs_growfs`).
+    fn xfs_growfs(&self, device: &VerifiedDevice, root: BorrowedFd<'_>) -> Result<(), HelperError>;
+
+    /// EBS's performance statistics log page of `device`
+    /// ([`nvme::get_log_page`]).
+    fn statistics_page(&self, device: &VerifiedDevice) -> Result<LogPage, HelperError>;
+}
+
+/// The kernel itself.
+#[derive(Debug)]
+pub struct Linux {
+    mounts: MountTables,
+    policy: IdentityPolicy,
+    tools: Executor,
+    formatter: Executor,
+    grower: Grower,
+}
+
+impl Linux {
+    /// Reads `mounts`, accepts the devices `policy` accepts, runs `mkfs`
+    /// on `formatter` (its thread count is the number of formats at once)
+    /// and every other tool on `tools`, grows ext filesystems on `grower`.
+    pub fn new(
+        mounts: MountTables,
+        policy: IdentityPolicy,
+        tools: Executor,
+        formatter: Executor,
+        grower: Grower,
+    ) -> Self {
+        Self {
+            mounts,
+            policy,
+            tools,
+            formatter,
+            grower,
+        }
+    }
+}
+
+impl Kernel for Linux {
+    fn mounts(&self) -> Result<Vec<MountEntry>, HelperError> {
+        self.mounts.read()
+    }
+
+    fn inspect(&self, fd: BorrowedFd<'_>) -> Result<Node, HelperError> {
+        mount::inspect(fd)
+    }
+
+    fn verify(
+        &self,
+        volume_id: &VolumeId,
+        device: &str,
+        roots: &AllowedRoots,
+        mounts: &[MountEntry],
+    ) -> Result<VerifiedDevice, HelperError> {
+        device::verify(volume_id, device, &self.policy, roots, mounts)
+    }
+
+    fn reverify(&self, device: &VerifiedDevice) -> Result<(), HelperError> {
+        device.reverify()
+    }
+
+    fn device_numbers(&self, device: &VerifiedDevice) -> Vec<DeviceNumber> {
+        device::numbers_of(device)
+    }
+
+    fn device_path(&self, number: DeviceNumber) -> Option<String> {
+        device::path_of(number)
+    }
+
+    fn probe(&self, device: &VerifiedDevice) -> Result<Contents, HelperError> {
+        format::probe(&self.tools, device)
+    }
+
+    fn format(&self, fs: FsType, options: &FormatOptions, device: &VerifiedDevice) -> Result<(), HelperError> {
+        format::format(&self.formatter, fs, options, device)
+    }
+
+    fn mount_filesystem(
+        &self,
+        device: &VerifiedDevice,
+        fs: FsType,
+        options: &MountOptions,
+    ) -> Result<Detached, HelperError> {
+        mount::mount_filesystem(device, fs, options)
+    }
+
+    fn bind(&self, source: BorrowedFd<'_>) -> Result<Detached, HelperError> {
+        mount::bind(source)
+    }
+
+    fn attach(&self, mount: Detached, target: BorrowedFd<'_>) -> Result<OwnedFd, HelperError> {
+        mount::attach(mount, target)
+    }
+
+    fn remount_bind(&self, root: BorrowedFd<'_>, flags: MountFlags) -> Result<(), HelperError> {
+        mount::remount_bind(root, flags)
+    }
+
+    fn unmount(&self, parent: BorrowedFd<'_>, name: &str) -> Result<(), HelperError> {
+        mount::unmount(parent, name)
+    }
+
+    fn filesystem_size(&self, device: &VerifiedDevice, fs: FsType) -> Result<(u64, u64), HelperError> {
+        grow::filesystem_size(device, fs)
+    }
+
+    fn resize_ext(&self, root: BorrowedFd<'_>, blocks: u64) -> Result<(), HelperError> {
+        self.grower.resize_ext(root, blocks)
+    }
+
+    fn xfs_growfs(&self, device: &VerifiedDevice, root: BorrowedFd<'_>) -> Result<(), HelperError> {
+        self.tools
+            .run_checked(Tool::XfsGrowfs, &[DEVICE_ARG], ToolTarget::MountOf(device, root))
+            .map(drop)
+    }
+
+    fn statistics_page(&self, device: &VerifiedDevice) -> Result<LogPage, HelperError> {
+        nvme::get_log_page(device.fd(), nvme::EBS_STATISTICS_LOG_PAGE)
+            .map_err(|e| system(format!("Get Log Page on {}", device.path()), e))
+    }
+}
