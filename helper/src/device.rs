@@ -31,6 +31,7 @@ use ebs_csi_helper_proto::{HelperError, VolumeId};
 use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
 
 use crate::claim::DeviceNumber;
+use crate::error::Operation;
 use crate::path::{AllowedRoots, fd_path};
 use crate::sys;
 use ebs_csi_linux::mountinfo::MountEntry;
@@ -150,7 +151,7 @@ impl VerifiedDevice {
     /// [`HelperError::System`] when the seek fails.
     pub fn size_bytes(&self) -> Result<u64, HelperError> {
         rustix::fs::seek(self.fd(), rustix::fs::SeekFrom::End(0))
-            .map_err(|e| crate::error::system(format!("reading the size of {}", self.path()), e))
+            .map_err(|e| Operation::ReadSize(self.path()).failed(e))
     }
 
     /// Proves again that the fd is the volume and that its device number

@@ -34,7 +34,7 @@ use seccompiler::BpfProgram;
 
 use crate::confine;
 use crate::device::VerifiedDevice;
-use crate::error::system;
+use crate::error::Operation;
 use crate::harden;
 use crate::sys;
 
@@ -113,7 +113,7 @@ impl Tool {
             .iter()
             .map(|dir| format!("{dir}/{}", self.file_name()))
             .find(|p| Path::new(p).is_file())
-            .ok_or_else(|| system(format!("finding {}", self.file_name()), "not installed"))
+            .ok_or_else(|| Operation::FindTool(self.file_name()).failed("not installed"))
     }
 }
 
@@ -187,7 +187,7 @@ impl Executor {
             ToolTarget::MountOf(device, mount_root) => (device, mount_root),
         };
         tracing::info!(tool = %path, ?args, device = ?device.path(), "exec");
-        let fd3 = rustix::io::fcntl_dupfd_cloexec(fd3, 0).map_err(|e| system("exec", e))?;
+        let fd3 = rustix::io::fcntl_dupfd_cloexec(fd3, 0).map_err(|e| Operation::Exec.failed(e))?;
         let (reply, answer) = mpsc::channel();
         let job = Job {
             tool,
@@ -200,10 +200,10 @@ impl Executor {
         let started = Instant::now();
         self.jobs
             .send(job)
-            .map_err(|_| system("exec", "the executor threads are gone"))?;
+            .map_err(|_| Operation::Exec.failed("the executor threads are gone"))?;
         let output = answer
             .recv()
-            .map_err(|_| system("exec", "the executor threads are gone"))??;
+            .map_err(|_| Operation::Exec.failed("the executor threads are gone"))??;
         // Milliseconds to the microsecond, a number in any log format.
         let elapsed_ms = (started.elapsed().as_secs_f64() * 1e6).round() / 1e3;
         tracing::info!(tool = tool.file_name(), status = %output.status, elapsed_ms, "exited");
@@ -252,7 +252,7 @@ fn execute(job: &Job, timeout: Duration, held: u64, tool_filter: &Arc<BpfProgram
     let ruleset = confine::abi()
         .map(|abi| confine::ruleset(job.tool, job.device.fd(), mount_root, abi))
         .transpose()
-        .map_err(|e| system(format!("confining {}", job.path), e))?;
+        .map_err(|e| Operation::Confine(job.path.clone()).failed(e))?;
     sys::set_up_tool_child(
         &mut command,
         job.fd3.as_raw_fd(),
@@ -260,7 +260,7 @@ fn execute(job: &Job, timeout: Duration, held: u64, tool_filter: &Arc<BpfProgram
         ruleset.as_ref().map(AsRawFd::as_raw_fd),
         Arc::clone(tool_filter),
     );
-    let starting = |e| system(format!("starting {}", job.path), e);
+    let starting = |e| Operation::Start(job.path.clone()).failed(e);
     let mut child = command.spawn().map_err(starting)?;
     let stdout = drain(child.stdout.take());
     let stderr = drain(child.stderr.take());
@@ -268,9 +268,7 @@ fn execute(job: &Job, timeout: Duration, held: u64, tool_filter: &Arc<BpfProgram
     if !matches!(in_time, Ok(true)) {
         kill_group(&child);
     }
-    let status = child
-        .wait()
-        .map_err(|e| system(format!("waiting for {}", job.path), e))?;
+    let status = child.wait().map_err(|e| Operation::Wait(job.path.clone()).failed(e))?;
     let output = Output {
         status,
         stdout: drained(&stdout, &job.path),
@@ -282,7 +280,7 @@ fn execute(job: &Job, timeout: Duration, held: u64, tool_filter: &Arc<BpfProgram
             tool: job.path.clone(),
             detail: format!("still running after {} s; killed", timeout.as_secs()),
         }),
-        Err(e) => Err(system(format!("waiting for {}", job.path), e)),
+        Err(e) => Err(Operation::Wait(job.path.clone()).failed(e)),
     }
 }
 

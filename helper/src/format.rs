@@ -24,7 +24,7 @@ use std::process::Output;
 use ebs_csi_helper_proto::{FormatOptions, FsType, HelperError};
 
 use crate::device::VerifiedDevice;
-use crate::error::system;
+use crate::error::Operation;
 use crate::exec::{DEVICE_ARG, Executor, Tool, ToolTarget};
 
 /// What a device holds, according to `blkid -p` and the helper's own read.
@@ -116,8 +116,7 @@ impl NotProven {
     /// offset (INTERNAL at the agent: the orchestrator retries, and a
     /// device that stays unreadable is never formatted).
     fn into_error(self, volume_id: &str, device: &str) -> HelperError {
-        let operation = format!("proving volume {volume_id} blank");
-        system(operation, format!("{device}: {self}"))
+        Operation::ProveBlank(volume_id.to_owned()).failed(format!("{device}: {self}"))
     }
 }
 
@@ -329,11 +328,11 @@ mod tests {
     #[test]
     fn nothing_found_is_blank_only_when_proven() {
         let blank = || Ok(Contents::Blank);
-        let unreadable = || Err(system("proving volume vol-1 blank", "EIO"));
+        let unreadable = || Err(Operation::ProveBlank("vol-1".into()).failed("EIO"));
         assert_eq!(interpret_blkid(&blkid_output(2, "", ""), blank), Ok(Contents::Blank));
         assert_eq!(
             interpret_blkid(&blkid_output(2, "", ""), unreadable),
-            Err(system("proving volume vol-1 blank", "EIO"))
+            Err(Operation::ProveBlank("vol-1".into()).failed("EIO"))
         );
         let open_failed = interpret_blkid(
             &blkid_output(2, "", "blkid: error: /x: No such file or directory"),
@@ -425,7 +424,7 @@ mod tests {
         assert_eq!(prove_zero(short.as_fd(), 0), Err(NotProven::Empty));
         assert_eq!(
             NotProven::Empty.into_error("vol-1", "/dev/loop9"),
-            system("proving volume vol-1 blank", "/dev/loop9: the device is empty")
+            Operation::ProveBlank("vol-1".into()).failed("/dev/loop9: the device is empty")
         );
     }
 }

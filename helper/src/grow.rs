@@ -20,7 +20,7 @@ use ebs_csi_helper_proto::{FsType, HelperError};
 use rustix::fs::{Mode, OFlags};
 
 use crate::device::VerifiedDevice;
-use crate::error::system;
+use crate::error::Operation;
 use crate::harden::{self, GROWER};
 use crate::path::fd_path;
 use crate::sys;
@@ -69,17 +69,17 @@ impl Grower {
     /// [`HelperError::System`] with the ioctl's error (`EPERM` where the
     /// helper does not hold `CAP_SYS_RESOURCE`).
     pub fn resize_ext(&self, root: BorrowedFd<'_>, blocks: u64) -> Result<(), HelperError> {
-        let operation = || format!("growing the filesystem at {} to {blocks} blocks", fd_path(&root));
-        let root = rustix::io::fcntl_dupfd_cloexec(root, 0).map_err(|e| system(operation(), e))?;
+        let failed = |cause: &dyn std::fmt::Display| Operation::Grow(fd_path(&root), blocks).failed(cause);
+        let root = rustix::io::fcntl_dupfd_cloexec(root, 0).map_err(|e| failed(&e))?;
         let (reply, answer) = mpsc::channel();
         tracing::info!(blocks, "resize ext filesystem");
         self.requests
             .send(Resize { root, blocks, reply })
-            .map_err(|_| system(operation(), "the grower thread is gone"))?;
+            .map_err(|_| failed(&"the grower thread is gone"))?;
         answer
             .recv()
-            .map_err(|_| system(operation(), "the grower thread is gone"))?
-            .map_err(|e| system(operation(), e))
+            .map_err(|_| failed(&"the grower thread is gone"))?
+            .map_err(|e| failed(&e))
     }
 }
 
@@ -122,7 +122,7 @@ pub fn ext_target_blocks(device_bytes: u64, block_size: u64) -> u64 {
 /// [`HelperError::System`] when the superblock cannot be read or is not
 /// one of that filesystem.
 pub fn filesystem_size(device: &VerifiedDevice, fs_type: FsType) -> Result<(u64, u64), HelperError> {
-    let error = |e: &dyn std::fmt::Display| system(format!("reading the superblock of {}", device.path()), e);
+    let error = |e: &dyn std::fmt::Display| Operation::ReadSuperblock(device.path()).failed(e);
     let flags = OFlags::RDONLY | OFlags::DIRECT | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
     let path = fd_path(&device.fd());
     let direct = rustix::fs::openat(rustix::fs::CWD, path.as_str(), flags, Mode::empty()).map_err(|e| error(&e))?;

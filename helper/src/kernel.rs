@@ -21,7 +21,7 @@ use rustix::mount::MountFlags;
 
 use crate::claim::DeviceNumber;
 use crate::device::{self, IdentityPolicy, VerifiedDevice};
-use crate::error::system;
+use crate::error::Operation;
 use crate::exec::{DEVICE_ARG, Executor, Tool, ToolTarget};
 use crate::format::{self, Contents};
 use crate::grow::{self, Grower};
@@ -218,6 +218,6 @@ impl Kernel for Linux {
 
     fn statistics_page(&self, device: &VerifiedDevice) -> Result<LogPage, HelperError> {
         nvme::get_log_page(device.fd(), nvme::EBS_STATISTICS_LOG_PAGE)
-            .map_err(|e| system(format!("Get Log Page on {}", device.path()), e))
+            .map_err(|e| Operation::StatisticsPage(device.path()).failed(e))
     }
 }

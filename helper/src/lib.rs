@@ -11,7 +11,7 @@
 pub mod claim;
 pub mod confine;
 pub mod device;
-mod error;
+pub mod error;
 pub mod exec;
 pub mod format;
 pub mod grow;

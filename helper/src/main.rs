@@ -174,21 +174,26 @@ fn parse_vendor_id(text: &str) -> Result<u16, String> {
     u16::from_str_radix(digits, 16).map_err(|e| e.to_string())
 }
 
-/// Binds the socket, replacing a stale one, owned by root and `group`.
+/// Binds the socket, owned by root and `group`: bound at a name of its own
+/// beside it, given its owner and mode, then renamed over the path
+/// (replacing a stale socket), so that no peer ever finds it there before
+/// it has them.
 fn bind(socket: &Path, group: Option<u32>) -> anyhow::Result<UnixListener> {
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    match std::fs::remove_file(socket) {
+    let bound = socket.with_extension("binding");
+    match std::fs::remove_file(&bound) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(e).with_context(|| format!("removing {}", socket.display()));
+            return Err(e).with_context(|| format!("removing {}", bound.display()));
         }
         _ => {}
     }
-    let listener = UnixListener::bind(socket).with_context(|| format!("binding {}", socket.display()))?;
+    let listener = UnixListener::bind(&bound).with_context(|| format!("binding {}", bound.display()))?;
     let mode = if group.is_some() { 0o660 } else { 0o600 };
-    std::os::unix::fs::chown(socket, Some(0), group).context("setting the socket's owner")?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(mode)).context("setting the socket's mode")?;
+    std::os::unix::fs::chown(&bound, Some(0), group).context("setting the socket's owner")?;
+    std::fs::set_permissions(&bound, std::fs::Permissions::from_mode(mode)).context("setting the socket's mode")?;
+    std::fs::rename(&bound, socket).with_context(|| format!("renaming the socket to {}", socket.display()))?;
     Ok(listener)
 }
 

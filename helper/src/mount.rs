@@ -10,7 +10,7 @@ use rustix::mount::{
 };
 
 use crate::device::VerifiedDevice;
-use crate::error::system;
+use crate::error::Operation;
 use crate::options::MountOptions;
 use crate::path::fd_path;
 
@@ -48,12 +48,9 @@ pub fn inspect(fd: BorrowedFd<'_>) -> Result<Node, HelperError> {
         AtFlags::EMPTY_PATH,
         StatxFlags::BASIC_STATS | StatxFlags::MNT_ID,
     )
-    .map_err(|e| system("statx", e))?;
+    .map_err(|e| Operation::Statx.failed(e))?;
     if !stx.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT) {
-        return Err(system(
-            "statx",
-            "the kernel does not report STATX_ATTR_MOUNT_ROOT (needs Linux 5.8)",
-        ));
+        return Err(Operation::Statx.failed("the kernel does not report STATX_ATTR_MOUNT_ROOT (needs Linux 5.8)"));
     }
     Ok(Node {
         dev: (stx.stx_dev_major, stx.stx_dev_minor),
@@ -95,7 +92,7 @@ impl Detached {
 pub fn attach(mount: Detached, target: BorrowedFd<'_>) -> Result<OwnedFd, HelperError> {
     tracing::info!(mount = %fd_path(&mount.0), target = %fd_path(&target), "attach mount");
     let flags = MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH;
-    rustix::mount::move_mount(&mount.0, "", target, "", flags).map_err(|e| system("attaching the mount", e))?;
+    rustix::mount::move_mount(&mount.0, "", target, "", flags).map_err(|e| Operation::Attach.failed(e))?;
     Ok(mount.0)
 }
 
@@ -143,7 +140,7 @@ pub fn mount_filesystem(device: &VerifiedDevice, fs: FsType, options: &MountOpti
     let source = device.path();
     device.reverify()?;
     tracing::info!(device = ?source, fs_type = fs.name(), ?flags, ?data, "mount");
-    let error = |e| system(format!("mounting {source}"), e);
+    let error = |e| Operation::Mount(source.clone()).failed(e);
     let context = rustix::mount::fsopen(fs.name(), FsOpenFlags::FSOPEN_CLOEXEC).map_err(error)?;
     rustix::mount::fsconfig_set_string(&context, "source", source.as_str()).map_err(error)?;
     for option in &data {
@@ -215,7 +212,7 @@ pub fn bind(source: BorrowedFd<'_>) -> Result<Detached, HelperError> {
     let flags = OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_EMPTY_PATH;
     rustix::mount::open_tree(source, "", flags)
         .map(Detached)
-        .map_err(|e| system("bind mount", e))
+        .map_err(|e| Operation::Bind.failed(e))
 }
 
 /// Applies per-mount `flags` to the bind mount whose root is `mount_root`
@@ -226,7 +223,7 @@ pub fn bind(source: BorrowedFd<'_>) -> Result<Detached, HelperError> {
 pub fn remount_bind(mount_root: BorrowedFd<'_>, flags: MountFlags) -> Result<(), HelperError> {
     tracing::info!(target = %fd_path(&mount_root), ?flags, "remount bind");
     rustix::mount::mount_remount(fd_path(&mount_root).as_str(), MountFlags::BIND | flags, "")
-        .map_err(|e| system("remount", e))
+        .map_err(|e| Operation::Remount.failed(e))
 }
 
 /// Unmounts the mount at `name` in the directory `parent`, without
@@ -238,5 +235,6 @@ pub fn remount_bind(mount_root: BorrowedFd<'_>, flags: MountFlags) -> Result<(),
 pub fn unmount(parent: BorrowedFd<'_>, name: &str) -> Result<(), HelperError> {
     let target = format!("{}/{name}", fd_path(&parent));
     tracing::info!(?target, "unmount");
-    rustix::mount::unmount(target.as_str(), UnmountFlags::NOFOLLOW).map_err(|e| system(format!("unmounting {name}"), e))
+    rustix::mount::unmount(target.as_str(), UnmountFlags::NOFOLLOW)
+        .map_err(|e| Operation::Unmount(name.to_owned()).failed(e))
 }

@@ -17,7 +17,7 @@ use std::sync::{Mutex, PoisonError};
 use ebs_csi_helper_proto::HelperError;
 use ebs_csi_linux::mountinfo::{self, MountEntry};
 
-use crate::error::system;
+use crate::error::Operation;
 
 /// The initial PID namespace's `/proc/<pid>/ns/pid` link
 /// (`PROC_PID_INIT_INO` = 0xEFFFFFFC, include/linux/proc_ns.h): the node's
@@ -76,12 +76,12 @@ impl MountTables {
     /// # Errors
     /// [`HelperError::System`] when a table cannot be read.
     pub fn read(&self) -> Result<Vec<MountEntry>, HelperError> {
-        let mut mounts = mountinfo::read().map_err(|e| system("reading mountinfo", e))?;
+        let mut mounts = mountinfo::read().map_err(|e| Operation::ReadMountinfo.failed(e))?;
         let mut file = self.host.lock().unwrap_or_else(PoisonError::into_inner);
         let mut text = String::new();
         file.seek(SeekFrom::Start(0))
             .and_then(|_| file.read_to_string(&mut text))
-            .map_err(|e| system("reading PID 1's mountinfo", e))?;
+            .map_err(|e| Operation::ReadHostMountinfo.failed(e))?;
         for entry in mountinfo::parse(&text) {
             if !mounts.iter().any(|m| m.mount_id == entry.mount_id) {
                 mounts.push(entry);

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use ebs_csi_helper_proto::HelperError;
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
+use crate::error::{Operation, PathRefusal};
 use crate::layout::{Layout, Role};
 
 /// The longest path accepted, in bytes (Linux `PATH_MAX`).
@@ -94,28 +95,25 @@ impl AllowedRoots {
     /// # Errors
     /// [`HelperError::PathRefused`] when the path is relative, too long,
     /// has an empty, `.` or `..` component, lies outside every root (or
-    /// is a root itself), or is not of that shape ([`NOT_ITS_SHAPE`]).
+    /// is a root itself), or is not of that shape ([`PathRefusal`]).
     pub fn check<'r>(&'r self, path: &str, role: Role) -> Result<SafePath<'r>, HelperError> {
-        let refuse = |reason: &str| HelperError::PathRefused {
-            path: path.to_owned(),
-            reason: reason.to_owned(),
-        };
+        let refuse = |reason: PathRefusal| reason.of(path);
         if path.len() > PATH_MAX || path.contains('\0') {
-            return Err(refuse("too long or contains NUL"));
+            return Err(refuse(PathRefusal::TooLong));
         }
-        let rest = path.strip_prefix('/').ok_or_else(|| refuse("not absolute"))?;
+        let rest = path.strip_prefix('/').ok_or_else(|| refuse(PathRefusal::NotAbsolute))?;
         let parts: Vec<&str> = rest.split('/').collect();
         if parts.iter().any(|c| c.is_empty() || *c == "." || *c == "..") {
-            return Err(refuse("has an empty, '.' or '..' component"));
+            return Err(refuse(PathRefusal::NotCanonical));
         }
         let root = self
             .roots
             .iter()
             .filter(|root| parts.len() > root.components.len())
             .find(|root| root.components.iter().zip(&parts).all(|(a, b)| a == b))
-            .ok_or_else(|| refuse("not beneath an allowed root"))?;
+            .ok_or_else(|| refuse(PathRefusal::OutsideRoots))?;
         if !self.layout.accepts(role, &parts[root.components.len()..]) {
-            return Err(refuse(NOT_ITS_SHAPE));
+            return Err(refuse(PathRefusal::NotItsShape));
         }
         Ok(SafePath {
             root,
@@ -191,36 +189,15 @@ impl SafePath<'_> {
 
     fn error(&self, e: io::Error) -> HelperError {
         let reason = match e.raw_os_error().map(rustix::io::Errno::from_raw_os_error) {
-            Some(rustix::io::Errno::LOOP) => SYMLINK.to_owned(),
-            Some(rustix::io::Errno::XDEV) => CROSSES_MOUNT.to_owned(),
-            Some(rustix::io::Errno::NOTDIR) => "a parent component is not a directory".to_owned(),
-            Some(rustix::io::Errno::NOENT) => "a parent directory does not exist".to_owned(),
-            _ => {
-                return HelperError::System {
-                    operation: format!("resolving {}", self.text),
-                    detail: e.to_string(),
-                };
-            }
+            Some(rustix::io::Errno::LOOP) => PathRefusal::Symlink,
+            Some(rustix::io::Errno::XDEV) => PathRefusal::CrossesMount,
+            Some(rustix::io::Errno::NOTDIR) => PathRefusal::ParentNotDirectory,
+            Some(rustix::io::Errno::NOENT) => PathRefusal::ParentMissing,
+            _ => return Operation::Resolve(self.text.clone()).failed(e),
         };
-        HelperError::PathRefused {
-            path: self.text.clone(),
-            reason,
-        }
+        reason.of(&self.text)
     }
 }
-
-/// The reason of [`HelperError::PathRefused`] for a path that is not where
-/// the orchestrator puts a CSI volume's staging or target path of the
-/// request's kind (`--allowed-layout`).
-pub const NOT_ITS_SHAPE: &str = "is not where the orchestrator stages or publishes a CSI volume of this kind";
-
-/// The reason of [`HelperError::PathRefused`] for a path whose parents
-/// cross a mount point (or leave their root).
-pub const CROSSES_MOUNT: &str = "a parent crosses a mount point or leaves its root";
-
-/// The reason of [`HelperError::PathRefused`] for a symlink anywhere in
-/// the path.
-pub const SYMLINK: &str = "a component is a symlink";
 
 /// Opens the directory `name` in `dir` as an `O_PATH` fd like
 /// [`open_beneath`], and refuses it if it is a mount point (`EXDEV`).
@@ -307,10 +284,7 @@ mod tests {
         ] {
             assert_eq!(
                 roots.check(&path, role).unwrap_err(),
-                HelperError::PathRefused {
-                    path,
-                    reason: NOT_ITS_SHAPE.into()
-                }
+                PathRefusal::NotItsShape.of(&path)
             );
         }
     }

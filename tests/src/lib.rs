@@ -356,7 +356,8 @@ pub fn data_pattern(len: usize) -> Vec<u8> {
 /// listed in the `net/unix` table of its network namespace (unix(7)) with
 /// the `__SO_ACCEPTCON` flag, 0x10000; the server's own
 /// `/proc/<pid>/net/unix` is that namespace's (a server may run in another,
-/// as under `unshare --net`).
+/// as under `unshare --net`). The helper's socket must also have its owner
+/// and mode by then, or a peer of another uid is refused (`EACCES`).
 pub fn is_ready(path: &Path, server: u32) -> bool {
     use std::os::unix::fs::FileTypeExt;
     let Ok(metadata) = std::fs::symlink_metadata(path) else {
@@ -365,13 +366,17 @@ pub fn is_ready(path: &Path, server: u32) -> bool {
     if !metadata.file_type().is_socket() {
         return true;
     }
-    let listed = path.to_string_lossy();
+    // The table lists the name a socket was bound at: the helper binds at
+    // `<path>.binding` and renames the socket to `path` once it has its
+    // owner and mode, so `path` exists only then.
+    let names = [path.to_path_buf(), path.with_extension("binding")];
     std::fs::read_to_string(format!("/proc/{server}/net/unix"))
         .unwrap_or_default()
         .lines()
         .any(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            fields.get(7) == Some(&&*listed) && fields.get(3) == Some(&"00010000")
+            let name = fields.get(7).map(Path::new);
+            name.is_some_and(|n| names.iter().any(|m| m == n)) && fields.get(3) == Some(&"00010000")
         })
 }
 

@@ -14,9 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ebs_csi_helper::device::Refusal;
+use ebs_csi_helper::error::{CROSSES_MOUNT, FOREIGN_MOUNT, NOT_A_MOUNT_POINT, NOT_ITS_SHAPE};
 use ebs_csi_helper::exec::Tool;
-use ebs_csi_helper::handler::{FOREIGN_MOUNT, NOT_A_MOUNT_POINT};
-use ebs_csi_helper::path::{CROSSES_MOUNT, NOT_ITS_SHAPE};
 use ebs_csi_helper_proto::{
     ClientError, ExpandRequest, FsType, HelperError, PROTOCOL_VERSION, Reply, Request, Response, UnpublishRequest,
     UnstageRequest, VolumeId, read_frame, write_frame,

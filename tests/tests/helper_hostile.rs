@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ebs_csi_helper::device::Refusal;
-use ebs_csi_helper::path::NOT_ITS_SHAPE;
+use ebs_csi_helper::error::NOT_ITS_SHAPE;
 use ebs_csi_helper_proto::{
     ExpandRequest, FsType, HelperClient, HelperError, MAX_FRAME_BYTES, OLDEST_VERSION, PROTOCOL_VERSION,
     PublishRequest, PublishSource, Reply, Request, RequestFrame, Response, UnpublishRequest, UnstageRequest, VolumeId,

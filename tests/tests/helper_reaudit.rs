@@ -12,9 +12,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
 
-use ebs_csi_helper::handler::NOT_EMPTY;
+use ebs_csi_helper::error::{NOT_EMPTY, NOT_ITS_SHAPE};
 use ebs_csi_helper::mounts::MountTablesError;
-use ebs_csi_helper::path::NOT_ITS_SHAPE;
 use ebs_csi_helper_proto::{ClientError, FsType, HelperError, PROTOCOL_VERSION, Reply, Request};
 use ebs_csi_tests::unreadable::UnreadableVolume;
 use ebs_csi_tests::{

@@ -1,5 +1,6 @@
-//! The helper serves a socket handed over by systemd socket activation
-//! (`LISTEN_FDS`), here from `systemd-socket-activate`.
+//! The helper's socket: one it binds itself appears with its owner and
+//! mode, and one handed over by systemd socket activation (`LISTEN_FDS`,
+//! here from `systemd-socket-activate`) is served.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -9,8 +10,53 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
 use ebs_csi_helper_proto::{HelperClient, PROTOCOL_VERSION, Reply, Request};
-use ebs_csi_tests::{AGENT_UID, Sandbox, binary, require_root, run_as, wait_until};
+use ebs_csi_tests::{AGENT_UID, Helper, Sandbox, binary, require_root, run_as, wait_until};
+use rustix::fs::inotify;
+
+/// The socket's name appears only by a rename, with its owner and mode
+/// already set: a peer that finds it can connect (before, an agent
+/// connecting between `bind(2)` and `chmod(2)` got `EACCES`).
+#[test]
+#[cfg_attr(not_root, ignore = "needs root: the helper")]
+fn the_socket_appears_with_its_owner_and_mode() {
+    require_root();
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path().join("helper");
+    std::fs::create_dir_all(&dir).unwrap();
+    let watch = inotify::init(inotify::CreateFlags::CLOEXEC).unwrap();
+    inotify::add_watch(
+        &watch,
+        &dir,
+        inotify::WatchFlags::CREATE | inotify::WatchFlags::MOVED_TO,
+    )
+    .unwrap();
+    let helper = Helper::start(&sandbox, &[]);
+    let mut buffer = [std::mem::MaybeUninit::uninit(); 4096];
+    let mut events = inotify::Reader::new(&watch, &mut buffer);
+    let mut seen = Vec::new();
+    while let Ok(event) = events.next() {
+        let name = event.file_name().map(|n| n.to_string_lossy().into_owned());
+        seen.push((name.clone(), event.events()));
+        if name.as_deref() == Some("helper.sock") {
+            break;
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            (Some("helper.binding".to_owned()), inotify::ReadFlags::CREATE),
+            (Some("helper.sock".to_owned()), inotify::ReadFlags::MOVED_TO),
+        ]
+    );
+    let metadata = std::fs::symlink_metadata(&helper.socket).unwrap();
+    assert_eq!(
+        (metadata.uid(), metadata.gid(), metadata.permissions().mode() & 0o777),
+        (0, AGENT_UID, 0o660)
+    );
+}
 
 #[test]
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]

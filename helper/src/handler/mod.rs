@@ -23,12 +23,12 @@ use rustix::fs::{FileType, Mode, OFlags};
 
 use crate::claim::Claims;
 use crate::device::VerifiedDevice;
-use crate::error::system;
+use crate::error::{Operation, PathRefusal};
 use crate::grow;
 use crate::kernel::Kernel;
 use crate::layout::Role;
 use crate::mount::Node;
-use crate::path::{AllowedRoots, SYMLINK, SafePath, open_beneath};
+use crate::path::{AllowedRoots, SafePath, open_beneath};
 
 /// Serves requests with a fixed configuration.
 ///
@@ -124,14 +124,10 @@ impl Handler {
 
     /// Opens an existing path and checks its type.
     fn open_existing(&self, path: &SafePath<'_>, file_type: FileType) -> Result<(OwnedFd, Node), HelperError> {
-        let refuse = |reason: &str| HelperError::PathRefused {
-            path: path.as_str().to_owned(),
-            reason: reason.to_owned(),
-        };
-        let fd = path.open()?.ok_or_else(|| refuse("does not exist"))?;
+        let fd = path.open()?.ok_or_else(|| PathRefusal::Missing.of(path.as_str()))?;
         let node = self.kernel.inspect(fd.as_fd())?;
         if node.file_type != file_type {
-            return Err(refuse(&format!("is not a {file_type:?}")));
+            return Err(PathRefusal::NotOfType(file_type).of(path.as_str()));
         }
         Ok((fd, node))
     }
@@ -145,12 +141,6 @@ impl Handler {
         self.exclusive.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
-
-/// The reason Unpublish gives for a path it will not remove.
-pub const NOT_A_MOUNT_POINT: &str = "is neither a mount the helper made nor an empty mount point it could have created";
-
-/// The reason Unstage and Unpublish give for a mount the helper does not make.
-pub const FOREIGN_MOUNT: &str = "is a mount the helper does not make";
 
 /// The mounts Unstage and Unpublish may remove.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -175,24 +165,15 @@ fn refuse_foreign_mount(
     if ours {
         Ok(())
     } else {
-        Err(HelperError::PathRefused {
-            path: path.as_str().to_owned(),
-            reason: FOREIGN_MOUNT.to_owned(),
-        })
+        Err(PathRefusal::ForeignMount.of(path.as_str()))
     }
 }
-
-/// The reason of [`HelperError::PathRefused`] for a staging or target path
-/// that holds something: another pod's configMap directory, its
-/// `etc-hosts`, kubelet's `pods/` — nothing the orchestrator prepares for a
-/// CSI volume holds anything before the volume is mounted there.
-pub const NOT_EMPTY: &str = "holds files; only an empty directory or an empty file is mounted over";
 
 /// Refuses a directory with any entry, or a file with any byte, at `path`
 /// (`fd`, an `O_PATH` fd of it, `node` as the caller's `statx` found it): a
 /// mount over it would hide or replace what is there.
 fn refuse_if_not_empty(path: &SafePath<'_>, fd: &OwnedFd, node: &Node) -> Result<(), HelperError> {
-    let error = |e| system(format!("listing {}", path.as_str()), e);
+    let error = |e| Operation::List(path.as_str().to_owned()).failed(e);
     let holds_something = if node.file_type == FileType::Directory {
         let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
         let dir = rustix::fs::openat(fd, ".", flags, Mode::empty()).map_err(error)?;
@@ -205,10 +186,7 @@ fn refuse_if_not_empty(path: &SafePath<'_>, fd: &OwnedFd, node: &Node) -> Result
         node.size != 0
     };
     if holds_something {
-        return Err(HelperError::PathRefused {
-            path: path.as_str().to_owned(),
-            reason: NOT_EMPTY.to_owned(),
-        });
+        return Err(PathRefusal::NotEmpty.of(path.as_str()));
     }
     Ok(())
 }
@@ -218,11 +196,10 @@ fn open_target(parent: &OwnedFd, target: &SafePath<'_>) -> Result<Option<OwnedFd
     match open_beneath(parent, target.name()) {
         Ok(fd) => Ok(Some(fd)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => Err(HelperError::PathRefused {
-            path: target.as_str().to_owned(),
-            reason: SYMLINK.into(),
-        }),
-        Err(e) => Err(system(format!("opening {}", target.as_str()), e)),
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
+            Err(PathRefusal::Symlink.of(target.as_str()))
+        }
+        Err(e) => Err(Operation::Open(target.as_str().to_owned()).failed(e)),
     }
 }
 

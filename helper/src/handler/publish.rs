@@ -9,7 +9,7 @@ use rustix::mount::MountFlags;
 
 use super::{Handler, already_mounted, find_mount, open_target, refuse_if_not_empty};
 use crate::device;
-use crate::error::system;
+use crate::error::{Operation, PathRefusal};
 use crate::layout::Role;
 use crate::mount::Node;
 use crate::options;
@@ -78,24 +78,21 @@ impl Handler {
                 };
             }
             if node.file_type != source.target_type {
-                return Err(HelperError::PathRefused {
-                    path: r.target_path.clone(),
-                    reason: format!("exists and is not a {:?}", source.target_type),
-                });
+                return Err(PathRefusal::ExistsOfOtherType(source.target_type).of(&r.target_path));
             }
             refuse_if_not_empty(&target, &existing, &node)?;
             return self.bind_checked(&source, existing, &parent, &target, flags);
         }
         create_target(&parent, &target, source.target_type)?;
         open_target(&parent, &target)
-            .and_then(|created| created.ok_or_else(|| system("opening the new target", "vanished")))
+            .and_then(|created| created.ok_or_else(|| Operation::OpenNewTarget.failed("vanished")))
             .and_then(|created| {
                 // Reopened by name (a directory cannot be created and
                 // opened in one call): what is there now must still be
                 // what was created, of its type and empty.
                 let node = self.kernel.inspect(created.as_fd())?;
                 if node.file_type != source.target_type {
-                    return Err(system("opening the new target", "replaced during the request"));
+                    return Err(Operation::OpenNewTarget.failed("replaced during the request"));
                 }
                 refuse_if_not_empty(&target, &created, &node)?;
                 Ok(created)
@@ -152,7 +149,7 @@ impl Handler {
     fn device_source(&self, volume_id: &VolumeId, device: &str, mounts: &[MountEntry]) -> Result<Source, HelperError> {
         let device = self.verify(volume_id, device, mounts)?;
         device::refuse_if_mounted(&device, &self.kernel.device_numbers(&device), mounts)?;
-        let fd = rustix::io::fcntl_dupfd_cloexec(device.fd(), 0).map_err(|e| system("duplicating the device fd", e))?;
+        let fd = rustix::io::fcntl_dupfd_cloexec(device.fd(), 0).map_err(|e| Operation::DuplicateDevice.failed(e))?;
         let node = self.kernel.inspect(fd.as_fd())?;
         Ok(Source {
             fd,
@@ -175,10 +172,7 @@ impl Handler {
     ) -> Result<Reply, HelperError> {
         let mount = self.kernel.bind(source.fd.as_fd())?;
         if !source.shows(&self.kernel.inspect(mount.fd())?) {
-            return Err(system(
-                "checking the new bind mount",
-                "the source changed during the request",
-            ));
+            return Err(Operation::CheckBind.failed("the source changed during the request"));
         }
         let root = self.kernel.attach(mount, target_fd.as_fd())?;
         drop(target_fd);
@@ -194,7 +188,7 @@ impl Handler {
 /// Creates the target: a directory (filesystem volumes) or an empty file
 /// (block volumes, a mount point for the device node).
 fn create_target(parent: &OwnedFd, target: &SafePath<'_>, file_type: FileType) -> Result<(), HelperError> {
-    let error = |e| system(format!("creating {}", target.as_str()), e);
+    let error = |e| Operation::Create(target.as_str().to_owned()).failed(e);
     tracing::info!(target = ?target.as_str(), ?file_type, "create mount point");
     if file_type == FileType::Directory {
         rustix::fs::mkdirat(parent, target.name(), Mode::from_raw_mode(0o755)).map_err(error)

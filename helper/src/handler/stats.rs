@@ -8,7 +8,7 @@ use ebs_csi_linux::nvme::LogPage;
 use rustix::fs::FileType;
 
 use super::{Handler, MountKind, refuse_foreign_mount};
-use crate::error::system;
+use crate::error::Operation;
 use crate::layout::Role;
 
 impl Handler {
@@ -48,7 +48,7 @@ impl Handler {
                 size_bytes: device.size_bytes()?,
             }
         } else {
-            let vfs = rustix::fs::fstatvfs(&fd).map_err(|e| system("statvfs", e))?;
+            let vfs = rustix::fs::fstatvfs(&fd).map_err(|e| Operation::Statvfs.failed(e))?;
             VolumeUsage::Filesystem {
                 total_bytes: vfs.f_blocks.saturating_mul(vfs.f_frsize),
                 available_bytes: vfs.f_bavail.saturating_mul(vfs.f_frsize),

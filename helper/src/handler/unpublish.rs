@@ -5,8 +5,8 @@ use std::os::fd::AsFd;
 use ebs_csi_helper_proto::{HelperError, Reply};
 use rustix::fs::{AtFlags, FileType};
 
-use super::{Handler, MountKind, NOT_A_MOUNT_POINT, open_target, refuse_foreign_mount};
-use crate::error::system;
+use super::{Handler, MountKind, open_target, refuse_foreign_mount};
+use crate::error::{Operation, PathRefusal};
 use crate::path::SafePath;
 
 impl Handler {
@@ -31,10 +31,7 @@ impl Handler {
         };
         let left = self.kernel.inspect(fd.as_fd())?;
         drop(fd);
-        let not_ours = || HelperError::PathRefused {
-            path: target.as_str().to_owned(),
-            reason: NOT_A_MOUNT_POINT.to_owned(),
-        };
+        let not_ours = || PathRefusal::NotAMountPoint.of(target.as_str());
         let ours = left.uid == 0;
         let flags = match left.file_type {
             FileType::Directory if ours => AtFlags::REMOVEDIR,
@@ -44,7 +41,7 @@ impl Handler {
         tracing::info!(target = ?target.as_str(), "remove mount point");
         rustix::fs::unlinkat(&parent, target.name(), flags).map_err(|e| match e {
             rustix::io::Errno::NOTEMPTY => not_ours(),
-            e => system(format!("removing {}", target.as_str()), e),
+            e => Operation::Remove(target.as_str().to_owned()).failed(e),
         })?;
         Ok(Reply::Done)
     }

@@ -3,9 +3,9 @@
 use ebs_csi_helper_proto::{ExpandRequest, FsType, HelperError, Reply, Request};
 
 use super::fake::Action;
-use super::{DEVICE, SIZE, World, path_refused, volume};
+use super::{DEVICE, SIZE, World, volume};
+use crate::error::PathRefusal;
 use crate::format::Contents;
-use crate::path::NOT_ITS_SHAPE;
 
 fn expand(path: &str) -> Request {
     Request::Expand(ExpandRequest {
@@ -67,5 +67,5 @@ fn only_the_volumes_mounted_filesystem_is_grown() {
     let not_mounted = HelperError::NotMounted { path: world.staging() };
     world.refused(expand(&world.staging()), &not_mounted);
     let misshapen = world.path("plugins/x");
-    world.refused(expand(&misshapen), &path_refused(&misshapen, NOT_ITS_SHAPE));
+    world.refused(expand(&misshapen), &PathRefusal::NotItsShape.of(&misshapen));
 }

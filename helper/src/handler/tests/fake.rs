@@ -27,7 +27,7 @@ use rustix::mount::MountFlags;
 
 use crate::claim::DeviceNumber;
 use crate::device::{self, Refusal, VerifiedDevice};
-use crate::error::system;
+use crate::error::Operation;
 use crate::format::Contents;
 use crate::kernel::Kernel;
 use crate::mount::{self, Detached, Node};
@@ -332,7 +332,7 @@ impl State {
             .iter_mut()
             .rev()
             .find(|m| m.point == (real.dev, real.ino))
-            .ok_or_else(|| system("the fake", "not a mount's root"))
+            .ok_or_else(|| Operation::Remount.failed("the fake: not a mount's root"))
     }
 
     /// A detached mount whose root shows `root`, listed as `entry`.
@@ -478,7 +478,7 @@ impl Kernel for Arc<Fake> {
             ),
             None => {
                 let m = state.mounts.iter().rev().find(|m| m.point == (real.dev, real.ino));
-                let m = m.ok_or_else(|| system("the fake", "binds only mounts and devices"))?;
+                let m = m.ok_or_else(|| Operation::Bind.failed("the fake binds only mounts and devices"))?;
                 (
                     m.entry.fs_type.clone(),
                     (m.entry.major, m.entry.minor),
@@ -525,10 +525,11 @@ impl Kernel for Arc<Fake> {
     fn unmount(&self, parent: BorrowedFd<'_>, name: &str) -> Result<(), HelperError> {
         let mut state = self.call(Step::Unmount)?;
         let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let point = rustix::fs::openat(parent, name, flags, Mode::empty()).map_err(|e| system("the fake", e))?;
+        let point = rustix::fs::openat(parent, name, flags, Mode::empty())
+            .map_err(|e| Operation::Unmount(name.to_owned()).failed(e))?;
         let real = mount::inspect(point.as_fd())?;
         let Some(at) = state.mounts.iter().rposition(|m| m.point == (real.dev, real.ino)) else {
-            return Err(system(format!("unmounting {name}"), rustix::io::Errno::INVAL));
+            return Err(Operation::Unmount(name.to_owned()).failed(rustix::io::Errno::INVAL));
         };
         let target = state.mounts.remove(at).path;
         state.actions.push(Action::Unmount { target });
@@ -538,7 +539,8 @@ impl Kernel for Arc<Fake> {
     fn filesystem_size(&self, device: &VerifiedDevice, fs: FsType) -> Result<(u64, u64), HelperError> {
         let mut state = self.call(Step::FilesystemSize)?;
         let superblock = state.device(device.number).filesystem;
-        superblock.ok_or_else(|| system("reading the superblock", format!("no {} superblock", fs.name())))
+        superblock
+            .ok_or_else(|| Operation::ReadSuperblock(device.path()).failed(format!("no {} superblock", fs.name())))
     }
 
     fn resize_ext(&self, root: BorrowedFd<'_>, blocks: u64) -> Result<(), HelperError> {

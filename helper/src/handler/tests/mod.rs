@@ -211,13 +211,6 @@ fn volume() -> VolumeId {
     VolumeId::parse(VOLUME).unwrap()
 }
 
-fn path_refused(path: &str, reason: &str) -> HelperError {
-    HelperError::PathRefused {
-        path: path.to_owned(),
-        reason: reason.to_owned(),
-    }
-}
-
 fn device_refused(device: &str, reason: Refusal) -> HelperError {
     device::refused(device, &volume(), reason)
 }

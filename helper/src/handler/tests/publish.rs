@@ -2,13 +2,13 @@
 //! branch of `handler/publish.rs` in its order.
 
 use ebs_csi_helper_proto::{HelperError, PublishSource, Reply, Request};
+use rustix::fs::FileType;
 use rustix::mount::MountFlags;
 
 use super::fake::{Action, Step};
-use super::{DEVICE, NUMBER, World, device_refused, path_refused};
+use super::{DEVICE, NUMBER, World, device_refused};
 use crate::device::Refusal;
-use crate::handler::NOT_EMPTY;
-use crate::path::{NOT_ITS_SHAPE, SYMLINK};
+use crate::error::PathRefusal;
 
 fn bound(source: &str, target: &str, flags: MountFlags) -> [Action; 3] {
     [
@@ -85,7 +85,7 @@ fn a_target_of_another_shape_or_through_a_symlink_is_refused() {
     request.target_path = world.block_target();
     world.refused(
         Request::Publish(request),
-        &path_refused(&world.block_target(), NOT_ITS_SHAPE),
+        &PathRefusal::NotItsShape.of(&world.block_target()),
     );
     std::fs::create_dir_all(world.path("pods/pod-1/volumes")).unwrap();
     let elsewhere = world.root.parent().unwrap().join("elsewhere");
@@ -93,7 +93,7 @@ fn a_target_of_another_shape_or_through_a_symlink_is_refused() {
     std::os::unix::fs::symlink(&elsewhere, world.path("pods/pod-1/volumes/kubernetes.io~csi")).unwrap();
     world.refused(
         Request::Publish(world.publish_request(false)),
-        &path_refused(&world.target(), SYMLINK),
+        &PathRefusal::Symlink.of(&world.target()),
     );
     assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
 }
@@ -104,14 +104,14 @@ fn an_existing_target_must_be_an_empty_directory() {
     let target = world.target();
     std::fs::create_dir_all(std::path::Path::new(&target).parent().unwrap()).unwrap();
     std::fs::write(&target, b"").unwrap();
-    let wrong = path_refused(&target, "exists and is not a Directory");
+    let wrong = PathRefusal::ExistsOfOtherType(FileType::Directory).of(&target);
     world.refused(Request::Publish(world.publish_request(false)), &wrong);
     std::fs::remove_file(&target).unwrap();
     std::fs::create_dir(&target).unwrap();
     std::fs::write(format!("{target}/secret"), b"x").unwrap();
     world.refused(
         Request::Publish(world.publish_request(false)),
-        &path_refused(&target, NOT_EMPTY),
+        &PathRefusal::NotEmpty.of(&target),
     );
     std::fs::remove_file(format!("{target}/secret")).unwrap();
     assert_eq!(
@@ -181,7 +181,7 @@ fn a_target_that_is_a_symlink_is_refused() {
     std::os::unix::fs::symlink("/etc", &target).unwrap();
     world.refused(
         Request::Publish(world.publish_request(false)),
-        &path_refused(&target, SYMLINK),
+        &PathRefusal::Symlink.of(&target),
     );
 }
 

@@ -1,15 +1,15 @@
 //! Stage over the fake: each branch of `handler/stage.rs` in its order.
 
 use ebs_csi_helper_proto::{FormatOptions, FsType, HelperError, Reply, Request};
+use rustix::fs::FileType;
 use rustix::mount::MountFlags;
 
 use super::fake::{Action, Step};
-use super::{DEVICE, NUMBER, OTHER_DEVICE, SIZE, World, device_refused, path_refused};
+use super::{DEVICE, NUMBER, OTHER_DEVICE, SIZE, World, device_refused};
 use crate::device::Refusal;
+use crate::error::PathRefusal;
 use crate::format::Contents;
-use crate::handler::NOT_EMPTY;
 use crate::options;
-use crate::path::NOT_ITS_SHAPE;
 
 fn stage(world: &World) -> Request {
     Request::Stage(world.stage_request())
@@ -157,19 +157,16 @@ fn a_malformed_request_is_refused_before_anything_is_looked_at() {
     assert!(matches!(&refusal, HelperError::MountOptionRefused(o) if o.starts_with("\"suid\" refused")));
     world.refused(Request::Stage(suid), &refusal);
     for (path, reason) in [
-        ("/etc/x".to_owned(), "not beneath an allowed root"),
+        ("/etc/x".to_owned(), PathRefusal::OutsideRoots),
         (
             world.path("pods/pod-1/volumes/kubernetes.io~csi/pv-1/mount"),
-            NOT_ITS_SHAPE,
+            PathRefusal::NotItsShape,
         ),
-        (
-            format!("{}/../globalmount", world.staging()),
-            "has an empty, '.' or '..' component",
-        ),
+        (format!("{}/../globalmount", world.staging()), PathRefusal::NotCanonical),
     ] {
         let mut request = world.stage_request();
         request.staging_path.clone_from(&path);
-        world.refused(Request::Stage(request), &path_refused(&path, reason));
+        world.refused(Request::Stage(request), &reason.of(&path));
     }
     assert_eq!(world.fake.calls().get(&Step::Verify), None, "no device was opened");
 }
@@ -178,13 +175,16 @@ fn a_malformed_request_is_refused_before_anything_is_looked_at() {
 fn the_staging_directory_must_exist_be_a_directory_and_be_empty() {
     let world = World::new();
     std::fs::remove_dir(world.staging()).unwrap();
-    world.refused(stage(&world), &path_refused(&world.staging(), "does not exist"));
+    world.refused(stage(&world), &PathRefusal::Missing.of(&world.staging()));
     std::fs::write(world.staging(), b"").unwrap();
-    world.refused(stage(&world), &path_refused(&world.staging(), "is not a Directory"));
+    world.refused(
+        stage(&world),
+        &PathRefusal::NotOfType(FileType::Directory).of(&world.staging()),
+    );
     std::fs::remove_file(world.staging()).unwrap();
     std::fs::create_dir(world.staging()).unwrap();
     std::fs::write(format!("{}/data", world.staging()), b"").unwrap();
-    world.refused(stage(&world), &path_refused(&world.staging(), NOT_EMPTY));
+    world.refused(stage(&world), &PathRefusal::NotEmpty.of(&world.staging()));
 }
 
 #[test]

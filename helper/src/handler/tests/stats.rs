@@ -5,9 +5,9 @@ use ebs_csi_helper_proto::{
 };
 
 use super::fake::Step;
-use super::{DEVICE, OTHER_DEVICE, SIZE, World, device_refused, path_refused, volume};
+use super::{DEVICE, OTHER_DEVICE, SIZE, World, device_refused, volume};
 use crate::device::Refusal;
-use crate::handler::FOREIGN_MOUNT;
+use crate::error::PathRefusal;
 
 fn stats(path: &str) -> Request {
     Request::VolumeStats(VolumeStatsRequest {
@@ -48,7 +48,7 @@ fn only_a_mount_of_the_volume_is_measured() {
         &HelperError::NotMounted { path: world.staging() },
     );
     world.fake.mount_foreign(world.staging().as_ref(), "tmpfs", (0, 99));
-    world.refused(stats(&world.staging()), &path_refused(&world.staging(), FOREIGN_MOUNT));
+    world.refused(stats(&world.staging()), &PathRefusal::ForeignMount.of(&world.staging()));
     let world = World::new();
     world.fake.mount_foreign(world.staging().as_ref(), "ext4", (259, 7));
     let not_staged = HelperError::NotStaged {

@@ -2,10 +2,9 @@
 
 use ebs_csi_helper_proto::{Reply, Request, UnpublishRequest};
 
+use super::World;
 use super::fake::Action;
-use super::{World, path_refused};
-use crate::handler::{FOREIGN_MOUNT, NOT_A_MOUNT_POINT};
-use crate::path::SYMLINK;
+use crate::error::PathRefusal;
 
 fn unpublish(path: &str) -> Request {
     Request::Unpublish(UnpublishRequest {
@@ -37,19 +36,19 @@ fn what_the_helper_does_not_make_is_left_as_it_is() {
     let target = world.target();
     std::fs::create_dir_all(&target).unwrap();
     world.fake.mount_foreign(target.as_ref(), "tmpfs", (0, 99));
-    world.refused(unpublish(&target), &path_refused(&target, FOREIGN_MOUNT));
+    world.refused(unpublish(&target), &PathRefusal::ForeignMount.of(&target));
 
     let world = World::new();
     let target = world.target();
     std::fs::create_dir_all(&target).unwrap();
     std::fs::write(format!("{target}/data"), b"x").unwrap();
-    world.refused(unpublish(&target), &path_refused(&target, NOT_A_MOUNT_POINT));
+    world.refused(unpublish(&target), &PathRefusal::NotAMountPoint.of(&target));
     std::fs::remove_dir_all(&target).unwrap();
     std::fs::write(&target, b"x").unwrap();
-    world.refused(unpublish(&target), &path_refused(&target, NOT_A_MOUNT_POINT));
+    world.refused(unpublish(&target), &PathRefusal::NotAMountPoint.of(&target));
     std::fs::remove_file(&target).unwrap();
     std::os::unix::fs::symlink("/etc", &target).unwrap();
-    world.refused(unpublish(&target), &path_refused(&target, SYMLINK));
+    world.refused(unpublish(&target), &PathRefusal::Symlink.of(&target));
 }
 
 #[test]
@@ -64,6 +63,6 @@ fn a_mount_point_someone_else_owns_is_left() {
             std::fs::create_dir(&target).unwrap();
         }
         world.fake.chown(target.as_ref(), 1000);
-        world.refused(unpublish(&target), &path_refused(&target, NOT_A_MOUNT_POINT));
+        world.refused(unpublish(&target), &PathRefusal::NotAMountPoint.of(&target));
     }
 }

@@ -2,10 +2,9 @@
 
 use ebs_csi_helper_proto::{Reply, Request, UnstageRequest};
 
+use super::World;
 use super::fake::Action;
-use super::{World, path_refused};
-use crate::handler::FOREIGN_MOUNT;
-use crate::path::NOT_ITS_SHAPE;
+use crate::error::PathRefusal;
 
 fn unstage(path: &str) -> Request {
     Request::Unstage(UnstageRequest {
@@ -38,7 +37,7 @@ fn a_mount_the_helper_does_not_make_or_a_misshapen_path_is_refused() {
     world.fake.mount_foreign(world.staging().as_ref(), "tmpfs", (0, 99));
     world.refused(
         unstage(&world.staging()),
-        &path_refused(&world.staging(), FOREIGN_MOUNT),
+        &PathRefusal::ForeignMount.of(&world.staging()),
     );
-    world.refused(unstage(&world.target()), &path_refused(&world.target(), NOT_ITS_SHAPE));
+    world.refused(unstage(&world.target()), &PathRefusal::NotItsShape.of(&world.target()));
 }
