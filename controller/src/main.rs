@@ -21,6 +21,7 @@ use anyhow::Context;
 use clap::Parser;
 use ebs_csi_proto::endpoint;
 use ebs_csi_proto::v1::controller_server::ControllerServer;
+use ebs_csi_proto::v1::group_controller_server::GroupControllerServer;
 use ebs_csi_proto::v1::identity_server::IdentityServer;
 
 use crate::ec2::batch::BatchConfig;
@@ -152,10 +153,12 @@ async fn main() -> anyhow::Result<()> {
     } else {
         socket.display().to_string()
     };
-    tracing::info!(socket = %on, region = ?config.region(), "serving CSI Identity and Controller");
+    tracing::info!(socket = %on, region = ?config.region(), "serving CSI Identity, Controller and GroupController");
+    let controller = Arc::new(ControllerService::new(Arc::clone(&ec2), settings));
     tonic::transport::Server::builder()
-        .add_service(IdentityServer::new(IdentityService::new(Arc::clone(&ec2))))
-        .add_service(ControllerServer::new(ControllerService::new(ec2, settings)))
+        .add_service(IdentityServer::new(IdentityService::new(ec2)))
+        .add_service(ControllerServer::from_arc(Arc::clone(&controller)))
+        .add_service(GroupControllerServer::from_arc(controller))
         .serve_with_incoming_shutdown(endpoint::connections(listening.listener), endpoint::shutdown_signal())
         .await?;
     Ok(())

@@ -32,6 +32,9 @@ const PV_NAME: &str = "csi.storage.k8s.io/pv/name";
 const SNAPSHOT_NAME: &str = "csi.storage.k8s.io/volumesnapshot/name";
 const SNAPSHOT_NAMESPACE: &str = "csi.storage.k8s.io/volumesnapshot/namespace";
 const SNAPSHOT_CONTENT_NAME: &str = "csi.storage.k8s.io/volumesnapshotcontent/name";
+const GROUP_SNAPSHOT_NAME: &str = "csi.storage.k8s.io/volumegroupsnapshot/name";
+const GROUP_SNAPSHOT_NAMESPACE: &str = "csi.storage.k8s.io/volumegroupsnapshot/namespace";
+const GROUP_SNAPSHOT_CONTENT_NAME: &str = "csi.storage.k8s.io/volumegroupsnapshotcontent/name";
 
 /// CreateVolume's parameters, parsed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -186,6 +189,37 @@ pub fn snapshot(parameters: &HashMap<String, String>) -> Result<SnapshotParamete
     }
     p.lock = lock(&lower)?;
     Ok(p)
+}
+
+/// Parses CreateVolumeGroupSnapshot (VolumeGroupSnapshotClass)
+/// parameters: `tagSpecification_N`, as for snapshots, with the group's
+/// template fields (`.VolumeGroupSnapshotName`,
+/// `.VolumeGroupSnapshotNamespace`, `.VolumeGroupSnapshotContentName`), and
+/// the snapshotter's metadata keys (`--extra-create-metadata`). The tags go
+/// on every member snapshot.
+///
+/// # Errors
+/// INVALID_ARGUMENT for any other key or a bad tag specification.
+pub fn group_snapshot(parameters: &HashMap<String, String>) -> Result<Tags, ControllerError> {
+    let lower: HashMap<String, &String> = parameters.iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
+    let field = |key: &str| lower.get(key).map(|v| (*v).clone()).unwrap_or_default();
+    let fields = HashMap::from([
+        ("VolumeGroupSnapshotName", field(GROUP_SNAPSHOT_NAME)),
+        ("VolumeGroupSnapshotNamespace", field(GROUP_SNAPSHOT_NAMESPACE)),
+        ("VolumeGroupSnapshotContentName", field(GROUP_SNAPSHOT_CONTENT_NAME)),
+    ]);
+    let mut tags = Tags::new();
+    for (key, value) in &lower {
+        match key.as_str() {
+            GROUP_SNAPSHOT_NAME | GROUP_SNAPSHOT_NAMESPACE | GROUP_SNAPSHOT_CONTENT_NAME => {}
+            k if k.starts_with(tags::SPECIFICATION_PREFIX) => {
+                let (tag, tag_value) = tags::parse_specification(value, &fields)?;
+                tags.insert(tag, tag_value);
+            }
+            _ => return Err(unknown(key)),
+        }
+    }
+    Ok(tags)
 }
 
 const LOCK_MODE: &str = "lockmode";

@@ -11,6 +11,9 @@ use crate::template;
 pub const VOLUME_NAME: &str = "CSIVolumeName";
 /// Holds the CSI snapshot name: the idempotency key of CreateSnapshot.
 pub const SNAPSHOT_NAME: &str = "CSIVolumeSnapshotName";
+/// Holds the CSI volume group snapshot name on each member snapshot: the
+/// idempotency key of CreateVolumeGroupSnapshot and the group's id.
+pub const GROUP_SNAPSHOT_NAME: &str = "CSIVolumeGroupSnapshotName";
 /// Marks every resource this driver creates (`true`); the IAM policy in
 /// `deploy/` is keyed on it.
 pub const CLUSTER: &str = "ebs.csi.aws.com/cluster";

@@ -245,7 +245,7 @@ class Timeline:
 timeline = None
 BACKEND = {name: getattr(EBSBackend, name) for name in (
     "create_volume", "get_volume", "describe_volumes", "delete_volume", "attach_volume", "detach_volume",
-    "create_snapshot", "get_snapshot", "describe_snapshots", "delete_snapshot",
+    "create_snapshot", "create_snapshots", "get_snapshot", "describe_snapshots", "delete_snapshot",
 )}
 
 
@@ -340,12 +340,29 @@ def detach_volume(self, volume_id, instance_id, device_path):
 
 def create_snapshot(self, volume_id, *args, **kwargs):
     snapshot = BACKEND["create_snapshot"](self, volume_id, *args, **kwargs)
-    if getattr(timeline.serving, "action", None) != "CreateSnapshot":
+    if getattr(timeline.serving, "action", None) not in ("CreateSnapshot", "CreateSnapshots"):
         return snapshot
     with timeline.lock:
         history["snapshots"][snapshot.id] = snapshot
         timeline.visible_at[snapshot.id] = timeline.after(timeline.lag)
     return snapshot
+
+
+def create_snapshots(self, instance_spec, description, tags):
+    """CreateSnapshots leaves out the instance's ExcludeDataVolumeIds (EC2
+    API Reference, CreateSnapshots, InstanceSpecification), which moto
+    snapshots too: what moto makes of them is deleted before the answer."""
+    excluded = instance_spec.get("ExcludeDataVolumeId") or instance_spec.get("ExcludeDataVolumeIds") or []
+    if isinstance(excluded, dict):
+        excluded = list(excluded.values())
+    made = BACKEND["create_snapshots"](self, instance_spec, description, tags)
+    kept = [s for s in made if s.volume.id not in excluded]
+    for snapshot in made:
+        if snapshot not in kept:
+            BACKEND["delete_snapshot"](self, snapshot.id)
+            with timeline.lock:
+                history["snapshots"].pop(snapshot.id, None)
+    return kept
 
 
 def get_snapshot(self, snapshot_id):

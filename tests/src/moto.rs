@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use ebs_csi_proto::v1::controller_client::ControllerClient;
+use ebs_csi_proto::v1::group_controller_client::GroupControllerClient;
 use ebs_csi_proto::v1::identity_client::IdentityClient;
 use tonic::transport::Channel;
 
@@ -361,6 +362,11 @@ impl Controller {
     /// A CSI Identity client.
     pub async fn identity(&self) -> IdentityClient<Channel> {
         IdentityClient::new(channel(&self.socket).await)
+    }
+
+    /// A CSI GroupController client.
+    pub async fn groups(&self) -> GroupControllerClient<Channel> {
+        GroupControllerClient::new(channel(&self.socket).await)
     }
 }
 

@@ -1260,3 +1260,177 @@ async fn the_sdk_debug_log_is_on_only_when_asked() {
         assert_eq!(sdk_lines > 0, shown, "{args:?}: {sdk_lines} SDK debug lines\n{log}");
     }
 }
+
+/// A volume group snapshot over the wire, against moto's CreateSnapshots
+/// (with serve.py leaving out ExcludeDataVolumeIds, as EC2 does): the
+/// group's volumes attached to one instance in one CreateSnapshots, the
+/// instance's other volume left out, a detached one by CreateSnapshot; the
+/// same group again on a retry; each member a snapshot restorable and
+/// listed with its group; refused across instances; deleted with its
+/// members.
+#[tokio::test]
+async fn volume_group_snapshots_are_crash_consistent_per_instance() {
+    let Setup {
+        moto,
+        mut client,
+        controller,
+        _sandbox,
+    } = setup(&[]).await;
+    let mut groups = controller.groups().await;
+    let node = moto.run_instance(REGION, ZONE);
+    let other_node = moto.run_instance(REGION, ZONE);
+    let mut ids = Vec::new();
+    for name in ["pvc-g1", "pvc-g2", "pvc-g-detached", "pvc-g-outside"] {
+        ids.push(create(&mut client, name, 1).await.volume_id);
+    }
+    for volume in [&ids[0], &ids[1], &ids[3]] {
+        client
+            .controller_publish_volume(ControllerPublishVolumeRequest {
+                volume_id: volume.clone(),
+                node_id: node.clone(),
+                volume_capability: Some(mount()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let capabilities = groups
+        .group_controller_get_capabilities(GroupControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert_eq!(capabilities.len(), 1);
+    let request = CreateVolumeGroupSnapshotRequest {
+        name: "groupsnapshot-wire".into(),
+        source_volume_ids: ids[..3].to_vec(),
+        parameters: HashMap::from([("tagSpecification_1".into(), "team=storage".into())]),
+        ..Default::default()
+    };
+    moto.start_recording();
+    let group = groups
+        .create_volume_group_snapshot(request.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .group_snapshot
+        .unwrap();
+    assert_eq!(group.group_snapshot_id, "groupsnapshot-wire");
+    let mut sources: Vec<String> = group.snapshots.iter().map(|s| s.source_volume_id.clone()).collect();
+    sources.sort();
+    let mut expected = ids[..3].to_vec();
+    expected.sort();
+    assert_eq!(
+        sources, expected,
+        "no snapshot of the instance's other volume {}",
+        ids[3]
+    );
+    assert_eq!(
+        (moto.recorded("CreateSnapshots&"), moto.recorded("CreateSnapshot&")),
+        (1, 1)
+    );
+    let asked = moto.recorded_bodies("CreateSnapshots&").concat();
+    for parameter in [
+        format!("InstanceSpecification.InstanceId={node}"),
+        "InstanceSpecification.ExcludeBootVolume=true".to_owned(),
+        format!("InstanceSpecification.ExcludeDataVolumeId.1={}", ids[3]),
+    ] {
+        assert!(asked.contains(&parameter), "{parameter} not in {asked}");
+    }
+    assert_eq!(moto.recorded("DeleteSnapshot"), 0, "nothing made outside the group");
+    let xml = moto.ec2(
+        REGION,
+        "DescribeSnapshots",
+        &[("Filter.1.Name", "volume-id"), ("Filter.1.Value.1", &ids[3])],
+    );
+    assert_eq!(xml_values(&xml, "snapshotId"), Vec::<String>::new(), "{xml}");
+    for snapshot in &group.snapshots {
+        assert_eq!(snapshot.group_snapshot_id, "groupsnapshot-wire");
+        let xml = moto.ec2(REGION, "DescribeSnapshots", &[("SnapshotId.1", &snapshot.snapshot_id)]);
+        assert_tags(
+            &xml,
+            &[
+                ("CSIVolumeGroupSnapshotName", "groupsnapshot-wire"),
+                ("team", "storage"),
+                ("ebs.csi.aws.com/cluster", "true"),
+            ],
+        );
+    }
+    moto.start_recording();
+    let again = groups
+        .create_volume_group_snapshot(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .group_snapshot
+        .unwrap();
+    let member_ids = |g: &VolumeGroupSnapshot| {
+        let mut ids: Vec<String> = g.snapshots.iter().map(|s| s.snapshot_id.clone()).collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(member_ids(&again), member_ids(&group));
+    assert_eq!(moto.recorded("CreateSnapshot"), 0, "a retry makes nothing");
+    // Each member is a snapshot of its own: listed with its group, restorable.
+    let listed = client
+        .list_snapshots(ListSnapshotsRequest {
+            snapshot_id: group.snapshots[0].snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let entry = listed.entries[0].snapshot.clone().unwrap();
+    assert_eq!(entry.group_snapshot_id, "groupsnapshot-wire");
+    let restored = created(
+        &mut client,
+        request_from(
+            volume_content_source::Type::Snapshot(volume_content_source::SnapshotSource {
+                snapshot_id: entry.snapshot_id.clone(),
+            }),
+            "pvc-from-member",
+            1,
+        ),
+    )
+    .await;
+    assert!(restored.content_source.is_some());
+    // Volumes of two instances are refused, naming both.
+    client
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: ids[2].clone(),
+            node_id: other_node.clone(),
+            volume_capability: Some(mount()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let refused = groups
+        .create_volume_group_snapshot(CreateVolumeGroupSnapshotRequest {
+            name: "groupsnapshot-two-instances".into(),
+            source_volume_ids: vec![ids[0].clone(), ids[2].clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(
+        refused.message().contains(&node) && refused.message().contains(&other_node),
+        "{refused:?}"
+    );
+    groups
+        .delete_volume_group_snapshot(DeleteVolumeGroupSnapshotRequest {
+            group_snapshot_id: group.group_snapshot_id.clone(),
+            snapshot_ids: member_ids(&group),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let gone = groups
+        .get_volume_group_snapshot(GetVolumeGroupSnapshotRequest {
+            group_snapshot_id: group.group_snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound);
+}

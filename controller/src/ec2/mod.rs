@@ -177,6 +177,9 @@ pub struct Instance {
     /// The EBS card of each EBS volume in its block-device mapping
     /// (`EbsCardIndex`; 0 where EC2 reports none).
     pub ebs_cards_in_use: Vec<i32>,
+    /// The EBS volumes in its block-device mapping but its root device's
+    /// (`RootDeviceName`): the data volumes CreateSnapshots takes.
+    pub data_volume_ids: Vec<String>,
 }
 
 /// The state of a volume modification (EC2 API `VolumeModificationState`).
@@ -378,6 +381,16 @@ pub trait Ec2: Send + Sync + 'static {
         volume_id: &str,
         input: CreateSnapshotInput,
     ) -> impl Future<Output = Result<Snapshot, Ec2Error>> + Send;
+    /// `CreateSnapshots` of the volumes attached to `instance_id` but its
+    /// boot volume and `excluded_volume_ids`: "point-in-time, crash-consistent"
+    /// snapshots of them all (EC2 API Reference, CreateSnapshots), each
+    /// tagged with `tags`.
+    fn create_snapshots(
+        &self,
+        instance_id: &str,
+        excluded_volume_ids: Vec<String>,
+        tags: Tags,
+    ) -> impl Future<Output = Result<Vec<Snapshot>, Ec2Error>> + Send;
     /// `LockSnapshot`.
     fn lock_snapshot(
         &self,

@@ -174,6 +174,24 @@ pub struct Model {
 }
 
 impl State {
+    /// A new `pending` snapshot of `volume_id`, kept out of Describe calls
+    /// for about `lag` (EC2 API Reference, CreateSnapshot's answer).
+    fn new_snapshot(&mut self, volume_id: &str, size_gib: i32, tags: Tags, lag: Duration) -> Snapshot {
+        self.next_id += 1;
+        let snapshot = Snapshot {
+            id: format!("snap-{:017x}", self.next_id),
+            volume_id: volume_id.into(),
+            size_gib,
+            state: SnapshotState::Pending,
+            start_time_seconds: 0,
+            tags,
+        };
+        let visible_at = self.after(lag);
+        self.snapshots
+            .insert(snapshot.id.clone(), (snapshot.clone(), visible_at));
+        snapshot
+    }
+
     /// About `nominal` from now: times a factor drawn from 0.5–1.5.
     fn after(&mut self, nominal: Duration) -> Instant {
         Instant::now() + nominal.mul_f64(0.5 + self.rng.f64())
@@ -230,6 +248,7 @@ impl Model {
             device_names: vec!["/dev/xvda".into()],
             instance_type: "m5.large".into(),
             ebs_cards_in_use: vec![0],
+            data_volume_ids: Vec::new(),
         };
         self.state().instances.insert(id.into(), instance);
     }
@@ -416,6 +435,14 @@ fn matches(selector: &Selector, id: &str, tags: &Tags, volume_id: &str) -> bool 
         Selector::TagKey(k) => tags.contains_key(k),
         Selector::SourceVolume(v) => volume_id == v,
     }
+}
+
+/// Whether `volume` is attached (or attaching) to `instance_id`.
+fn attached_to(volume: &Volume, instance_id: &str) -> bool {
+    volume
+        .attachments
+        .iter()
+        .any(|a| a.instance_id == instance_id && a.state != AttachmentState::Detached)
 }
 
 impl Ec2 for Model {
@@ -612,26 +639,54 @@ impl Ec2 for Model {
 
     async fn describe_instances(&self, ids: Vec<String>) -> Result<Vec<Instance>, Ec2Error> {
         let state = self.sdk_call("DescribeInstances").await?;
-        Ok(ids.iter().filter_map(|id| state.instances.get(id).cloned()).collect())
+        let data_volumes = |id: &str| {
+            let attached = state
+                .volumes
+                .values()
+                .filter(|r| !r.deleted && attached_to(&r.volume, id));
+            attached.map(|r| r.volume.id.clone()).collect()
+        };
+        Ok(ids
+            .iter()
+            .filter_map(|id| state.instances.get(id).cloned())
+            .map(|instance| Instance {
+                data_volume_ids: data_volumes(&instance.id),
+                ..instance
+            })
+            .collect())
     }
 
     async fn create_snapshot(&self, volume_id: &str, input: CreateSnapshotInput) -> Result<Snapshot, Ec2Error> {
         let mut state = self.sdk_call("CreateSnapshot").await?;
         let size_gib = state.live(volume_id)?.volume.size_gib;
-        state.next_id += 1;
-        let snapshot = Snapshot {
-            id: format!("snap-{:017x}", state.next_id),
-            volume_id: volume_id.into(),
-            size_gib,
-            state: SnapshotState::Pending,
-            start_time_seconds: 0,
-            tags: input.tags,
-        };
-        let visible_at = state.after(self.behaviour.visibility_lag);
-        state
-            .snapshots
-            .insert(snapshot.id.clone(), (snapshot.clone(), visible_at));
-        Ok(snapshot)
+        Ok(state.new_snapshot(volume_id, size_gib, input.tags, self.behaviour.visibility_lag))
+    }
+
+    async fn create_snapshots(
+        &self,
+        instance_id: &str,
+        excluded_volume_ids: Vec<String>,
+        tags: Tags,
+    ) -> Result<Vec<Snapshot>, Ec2Error> {
+        let mut state = self.sdk_call("CreateSnapshots").await?;
+        if !state.instances.contains_key(instance_id) {
+            return Err(Ec2Error::NotFound(format!(
+                "The instance ID '{instance_id}' does not exist"
+            )));
+        }
+        let sources: Vec<(String, i32)> = state
+            .volumes
+            .values()
+            .filter(|r| !r.deleted && attached_to(&r.volume, instance_id))
+            .filter(|r| !excluded_volume_ids.contains(&r.volume.id))
+            .map(|r| (r.volume.id.clone(), r.volume.size_gib))
+            .collect();
+        let lag = self.behaviour.visibility_lag;
+        let made = sources
+            .into_iter()
+            .map(|(volume_id, size_gib)| state.new_snapshot(&volume_id, size_gib, tags.clone(), lag))
+            .collect();
+        Ok(made)
     }
 
     async fn lock_snapshot(&self, snapshot_id: &str, _lock: &SnapshotLock) -> Result<(), Ec2Error> {

@@ -209,6 +209,19 @@ impl<E: Ec2, P: Policy> Ec2 for Paced<E, P> {
         .await
     }
 
+    async fn create_snapshots(
+        &self,
+        instance_id: &str,
+        excluded_volume_ids: Vec<String>,
+        tags: Tags,
+    ) -> Result<Vec<Snapshot>, Ec2Error> {
+        self.call("CreateSnapshots", || {
+            self.inner
+                .create_snapshots(instance_id, excluded_volume_ids.clone(), tags.clone())
+        })
+        .await
+    }
+
     async fn lock_snapshot(&self, snapshot_id: &str, lock: &SnapshotLock) -> Result<(), Ec2Error> {
         self.call("LockSnapshot", || self.inner.lock_snapshot(snapshot_id, lock))
             .await

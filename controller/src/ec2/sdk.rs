@@ -461,6 +461,12 @@ impl Ec2 for SdkEc2 {
                                     .filter_map(|m| m.ebs())
                                     .map(|ebs| ebs.ebs_card_index().unwrap_or(0))
                                     .collect(),
+                                data_volume_ids: i
+                                    .block_device_mappings()
+                                    .iter()
+                                    .filter(|m| m.device_name() != i.root_device_name())
+                                    .filter_map(|m| m.ebs()?.volume_id().map(str::to_owned))
+                                    .collect(),
                             }
                         }));
                     }
@@ -512,6 +518,50 @@ impl Ec2 for SdkEc2 {
                     .set_tags(out.tags)
                     .build();
                 Ok(snapshot(&s))
+            })
+            .await
+    }
+
+    async fn create_snapshots(
+        &self,
+        instance_id: &str,
+        excluded_volume_ids: Vec<String>,
+        tags: Tags,
+    ) -> Result<Vec<Snapshot>, Ec2Error> {
+        self.metrics
+            .observe("CreateSnapshots", async {
+                let instance = sdk::InstanceSpecification::builder()
+                    .instance_id(instance_id)
+                    .exclude_boot_volume(true)
+                    .set_exclude_data_volume_ids(Some(excluded_volume_ids))
+                    .build();
+                let out = self
+                    .client("CreateSnapshots")
+                    .create_snapshots()
+                    .instance_specification(instance)
+                    .description(format!(
+                        "Created by ebs-csi for a volume group snapshot of instance {instance_id}"
+                    ))
+                    .tag_specifications(tag_specification(ResourceType::Snapshot, &tags))
+                    .send()
+                    .await
+                    .map_err(classify)?;
+                Ok(out
+                    .snapshots()
+                    .iter()
+                    .map(|info| {
+                        snapshot(
+                            &sdk::Snapshot::builder()
+                                .set_snapshot_id(info.snapshot_id.clone())
+                                .set_volume_id(info.volume_id.clone())
+                                .set_volume_size(info.volume_size)
+                                .set_state(info.state.clone())
+                                .set_start_time(info.start_time)
+                                .set_tags(info.tags.clone())
+                                .build(),
+                        )
+                    })
+                    .collect())
             })
             .await
     }

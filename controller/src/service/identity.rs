@@ -52,6 +52,7 @@ impl<E: Ec2> Identity for IdentityService<E> {
         Ok(Response::new(endpoint::plugin_capabilities(&[
             service::Type::ControllerService,
             service::Type::VolumeAccessibilityConstraints,
+            service::Type::GroupControllerService,
         ])))
     }
 

@@ -5,6 +5,7 @@
 mod attach;
 mod capability;
 mod ebs_cards;
+mod groups;
 mod identity;
 mod iops_ceiling;
 mod modify;

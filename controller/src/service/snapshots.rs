@@ -13,7 +13,9 @@ use crate::ec2::{CreateSnapshotInput, Ec2, Ec2Error, Selector, Snapshot, Snapsho
 use crate::error::ControllerError;
 use crate::{parameters, tags};
 
-fn csi_snapshot(s: &Snapshot) -> ebs_csi_proto::v1::Snapshot {
+/// The CSI form of `s`; a member of a volume group snapshot names its
+/// group (the tag [`tags::GROUP_SNAPSHOT_NAME`]).
+pub(super) fn csi_snapshot(s: &Snapshot) -> ebs_csi_proto::v1::Snapshot {
     ebs_csi_proto::v1::Snapshot {
         size_bytes: i64::from(s.size_gib) * GIB,
         snapshot_id: s.id.clone(),
@@ -23,7 +25,7 @@ fn csi_snapshot(s: &Snapshot) -> ebs_csi_proto::v1::Snapshot {
             nanos: 0,
         }),
         ready_to_use: s.state == SnapshotState::Completed,
-        group_snapshot_id: String::new(),
+        group_snapshot_id: s.tags.get(tags::GROUP_SNAPSHOT_NAME).cloned().unwrap_or_default(),
     }
 }
 
@@ -112,7 +114,7 @@ impl<E: Ec2> ControllerService<E> {
     ///
     /// # Errors
     /// UNAVAILABLE at the state timeout; the DescribeSnapshots error.
-    async fn wait_visible(&self, snapshot_id: &str) -> Result<(), ControllerError> {
+    pub(super) async fn wait_visible(&self, snapshot_id: &str) -> Result<(), ControllerError> {
         wait::until(
             &format!("snapshot {snapshot_id} to be listed by DescribeSnapshots"),
             self.settings.state_timeout,

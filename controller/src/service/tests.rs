@@ -17,6 +17,7 @@ use crate::error::ControllerError;
 use crate::metrics::DetachPending;
 
 mod benches;
+mod groups;
 
 const GIB: i64 = 1 << 30;
 
