@@ -654,6 +654,55 @@ pub async fn lifecycle(env: &Environment, report: &mut Report) -> Result<(), Fai
             }
         })
         .await?;
+    let mut groups = env.controller.groups().await;
+    let members = [volume_id.clone(), restored_id.clone()];
+    let group_request = CreateVolumeGroupSnapshotRequest {
+        name: "groupsnapshot-demo".into(),
+        source_volume_ids: members.to_vec(),
+        ..Default::default()
+    };
+    let group = report
+        .step(
+            "CreateVolumeGroupSnapshot of both volumes (attached to one instance: one CreateSnapshots)",
+            Component::Controller,
+            async {
+                let group = groups
+                    .create_volume_group_snapshot(group_request)
+                    .await
+                    .map_err(status)?
+                    .into_inner()
+                    .group_snapshot
+                    .ok_or("no group snapshot")?;
+                let mut sources: Vec<&str> = group.snapshots.iter().map(|s| s.source_volume_id.as_str()).collect();
+                sources.sort_unstable();
+                let mut expected: Vec<&str> = members.iter().map(String::as_str).collect();
+                expected.sort_unstable();
+                if sources != expected
+                    || group
+                        .snapshots
+                        .iter()
+                        .any(|s| s.group_snapshot_id != group.group_snapshot_id)
+                {
+                    return Err(format!("members {sources:?}, of {expected:?}"));
+                }
+                Ok(group)
+            },
+        )
+        .await?;
+    report
+        .step(
+            "DeleteVolumeGroupSnapshot (and its members)",
+            Component::Controller,
+            async {
+                let r = DeleteVolumeGroupSnapshotRequest {
+                    group_snapshot_id: group.group_snapshot_id.clone(),
+                    snapshot_ids: group.snapshots.iter().map(|s| s.snapshot_id.clone()).collect(),
+                    ..Default::default()
+                };
+                groups.delete_volume_group_snapshot(r).await.map(drop).map_err(status)
+            },
+        )
+        .await?;
     d.teardown(&restored, report).await?;
     d.teardown(&volume, report).await?;
     let mut controller = d.controller.clone();

@@ -25,5 +25,5 @@ async fn a_volume_lives_its_whole_life_on_one_machine() {
         );
     }
     eprintln!("{}", report.summary());
-    assert_eq!(report.steps.len(), 29, "{}", report.summary());
+    assert_eq!(report.steps.len(), 31, "{}", report.summary());
 }

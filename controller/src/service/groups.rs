@@ -82,7 +82,16 @@ impl Plan {
     }
 }
 
-fn group(id: &str, members: &[Snapshot]) -> VolumeGroupSnapshot {
+/// The group `id` of `members`, one a volume. CreateSnapshots takes no
+/// client token: a retry that came before EC2 listed the members of a lost
+/// answer made a second set (EC2 API Reference, CreateSnapshots; Amazon
+/// EC2 Developer Guide, "Eventual consistency in the Amazon EC2 API"). The
+/// earliest of each volume's is its member — the first set, taken at one
+/// moment — and DeleteVolumeGroupSnapshot deletes them all.
+fn group(id: &str, mut members: Vec<Snapshot>) -> VolumeGroupSnapshot {
+    members
+        .sort_by(|a, b| (&a.volume_id, a.start_time_seconds, &a.id).cmp(&(&b.volume_id, b.start_time_seconds, &b.id)));
+    members.dedup_by(|later, earlier| later.volume_id == earlier.volume_id);
     VolumeGroupSnapshot {
         group_snapshot_id: id.to_owned(),
         snapshots: members.iter().map(csi_snapshot).collect(),
@@ -141,9 +150,8 @@ impl<E: Ec2> ControllerService<E> {
         for snapshot in &made {
             self.wait_visible(&snapshot.id).await?;
         }
-        members.sort_by(|a, b| a.volume_id.cmp(&b.volume_id));
         Ok(CreateVolumeGroupSnapshotResponse {
-            group_snapshot: Some(group(name, &members)),
+            group_snapshot: Some(group(name, members)),
         })
     }
 
@@ -245,15 +253,14 @@ impl<E: Ec2> ControllerService<E> {
     ) -> Result<GetVolumeGroupSnapshotResponse, ControllerError> {
         let id = required("group_snapshot_id", &r.group_snapshot_id)?;
         self.check_listed(id, &r.snapshot_ids).await?;
-        let mut members = self.members(id).await?;
+        let members = self.members(id).await?;
         if members.is_empty() {
             return Err(ControllerError::NotFound(format!(
                 "volume group snapshot {id} not found"
             )));
         }
-        members.sort_by(|a, b| a.volume_id.cmp(&b.volume_id));
         Ok(GetVolumeGroupSnapshotResponse {
-            group_snapshot: Some(group(id, &members)),
+            group_snapshot: Some(group(id, members)),
         })
     }
 

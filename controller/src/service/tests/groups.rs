@@ -190,3 +190,42 @@ async fn a_group_is_got_and_deleted_with_its_members() {
         .unwrap_err();
     assert_eq!(code(gone), Code::NotFound);
 }
+
+/// A second set of members, made by a retry that came before EC2 listed
+/// the first (CreateSnapshots takes no client token): the group answers the
+/// first set, and its deletion takes both.
+#[tokio::test]
+async fn a_second_set_of_members_is_not_the_group_and_goes_with_it() {
+    let (model, service) = controller(Behaviour::default());
+    let [a, b, _, outside] = volumes(&service).await;
+    let request = group_request("groupsnapshot-6", &[&a, &b]);
+    let first = service
+        .create_group_snapshot(request.clone())
+        .await
+        .unwrap()
+        .group_snapshot
+        .unwrap();
+    let tags = model.snapshot_tags(&first.snapshots[0].snapshot_id);
+    let second = crate::ec2::Ec2::create_snapshots(model.as_ref(), "i-1", vec![outside], tags)
+        .await
+        .unwrap();
+    assert_eq!(second.len(), 2);
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let again = service
+        .create_group_snapshot(request)
+        .await
+        .unwrap()
+        .group_snapshot
+        .unwrap();
+    assert_eq!(again.snapshots, first.snapshots);
+    assert_eq!(model.snapshots().len(), 4);
+    service
+        .delete_group_snapshot(DeleteVolumeGroupSnapshotRequest {
+            group_snapshot_id: "groupsnapshot-6".into(),
+            snapshot_ids: first.snapshots.iter().map(|s| s.snapshot_id.clone()).collect(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(model.snapshots(), Vec::<String>::new());
+}
