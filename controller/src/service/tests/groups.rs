@@ -18,6 +18,16 @@ fn group_request(name: &str, volumes: &[&str]) -> CreateVolumeGroupSnapshotReque
     }
 }
 
+/// The group CreateVolumeGroupSnapshot answers `request` with.
+async fn made(service: &ControllerService<Model>, request: CreateVolumeGroupSnapshotRequest) -> VolumeGroupSnapshot {
+    service
+        .create_group_snapshot(request)
+        .await
+        .unwrap()
+        .group_snapshot
+        .unwrap()
+}
+
 async fn attach(service: &ControllerService<Model>, volume: &str, node: &str) {
     service
         .publish(publish(volume, node, capability(Mode::SingleNodeWriter, false)))
@@ -46,12 +56,7 @@ async fn an_instances_volumes_are_snapshotted_together_and_a_detached_one_alone(
     let (model, service) = controller(Behaviour::default());
     let [a, b, detached, outside] = volumes(&service).await;
     let request = group_request("groupsnapshot-1", &[&a, &b, &detached]);
-    let group = service
-        .create_group_snapshot(request.clone())
-        .await
-        .unwrap()
-        .group_snapshot
-        .unwrap();
+    let group = made(&service, request.clone()).await;
     assert_eq!(group.group_snapshot_id, "groupsnapshot-1");
     let mut sources: Vec<&str> = group.snapshots.iter().map(|s| s.source_volume_id.as_str()).collect();
     sources.sort_unstable();
@@ -69,12 +74,7 @@ async fn an_instances_volumes_are_snapshotted_together_and_a_detached_one_alone(
         assert_eq!(tags.get(tags::CLUSTER).map(String::as_str), Some("true"));
     }
     // A retry (a lost answer, a restarted controller) finds the same group.
-    let again = service
-        .create_group_snapshot(request)
-        .await
-        .unwrap()
-        .group_snapshot
-        .unwrap();
+    let again = made(&service, request).await;
     assert_eq!(again.snapshots, group.snapshots);
     assert_eq!(model.snapshots().len(), 3, "nothing made twice");
     // Each member is a snapshot of its own too, naming its group.
@@ -141,13 +141,8 @@ async fn a_name_taken_by_other_volumes_or_a_bad_request_is_refused() {
 async fn a_group_is_got_and_deleted_with_its_members() {
     let (model, service) = controller(Behaviour::default());
     let [a, b, detached, _] = volumes(&service).await;
-    let made = service
-        .create_group_snapshot(group_request("groupsnapshot-5", &[&a, &b, &detached]))
-        .await
-        .unwrap()
-        .group_snapshot
-        .unwrap();
-    let ids: Vec<String> = made.snapshots.iter().map(|s| s.snapshot_id.clone()).collect();
+    let group = made(&service, group_request("groupsnapshot-5", &[&a, &b, &detached])).await;
+    let ids: Vec<String> = group.snapshots.iter().map(|s| s.snapshot_id.clone()).collect();
     let got = service
         .get_group_snapshot(GetVolumeGroupSnapshotRequest {
             group_snapshot_id: "groupsnapshot-5".into(),
@@ -158,7 +153,7 @@ async fn a_group_is_got_and_deleted_with_its_members() {
         .unwrap()
         .group_snapshot
         .unwrap();
-    assert_eq!(got.snapshots, made.snapshots);
+    assert_eq!(got.snapshots, group.snapshots);
     let single = crate::ec2::Ec2::create_snapshot(model.as_ref(), &a, crate::ec2::CreateSnapshotInput::default())
         .await
         .unwrap()
@@ -199,24 +194,14 @@ async fn a_second_set_of_members_is_not_the_group_and_goes_with_it() {
     let (model, service) = controller(Behaviour::default());
     let [a, b, _, outside] = volumes(&service).await;
     let request = group_request("groupsnapshot-6", &[&a, &b]);
-    let first = service
-        .create_group_snapshot(request.clone())
-        .await
-        .unwrap()
-        .group_snapshot
-        .unwrap();
+    let first = made(&service, request.clone()).await;
     let tags = model.snapshot_tags(&first.snapshots[0].snapshot_id);
     let second = crate::ec2::Ec2::create_snapshots(model.as_ref(), "i-1", vec![outside], tags)
         .await
         .unwrap();
     assert_eq!(second.len(), 2);
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-    let again = service
-        .create_group_snapshot(request)
-        .await
-        .unwrap()
-        .group_snapshot
-        .unwrap();
+    let again = made(&service, request).await;
     assert_eq!(again.snapshots, first.snapshots);
     assert_eq!(model.snapshots().len(), 4);
     service
