@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use ebs_csi_helper_proto::{ClientError, HelperError, VolumeId};
+use ebs_csi_helper_client::ClientError;
+use ebs_csi_helper_proto::{HelperError, VolumeId};
 use tonic::{Code, Status};
 
 /// Why a Node or Identity RPC failed.

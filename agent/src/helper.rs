@@ -4,8 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ebs_csi_helper_client::HelperClient;
 use ebs_csi_helper_proto::{
-    ExpandRequest, HelperClient, PerformanceStatisticsRequest, Reply, Request, VolumeStatsRequest, VolumeUsage,
+    ExpandRequest, PerformanceStatisticsRequest, Reply, Request, VolumeStatsRequest, VolumeUsage,
 };
 
 use crate::error::NodeError;

@@ -13,7 +13,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ebs_csi_helper_proto::{ClientError, HelperError, PerformanceStatisticsRequest, VolumeId};
+use ebs_csi_helper_client::ClientError;
+use ebs_csi_helper_proto::{HelperError, PerformanceStatisticsRequest, VolumeId};
 use prometheus::proto::{Bucket, Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, Opts, Registry, TextEncoder};
 

@@ -7,7 +7,8 @@
 
 use std::path::Path;
 
-use ebs_csi_helper_proto::{ClientError, HelperError, VolumeId, VolumeStatsRequest, VolumeUsage as Usage};
+use ebs_csi_helper_client::ClientError;
+use ebs_csi_helper_proto::{HelperError, VolumeId, VolumeStatsRequest, VolumeUsage as Usage};
 use ebs_csi_linux::mountinfo::{self, MountEntry};
 use ebs_csi_proto::v1::volume_usage::Unit;
 use ebs_csi_proto::v1::{NodeGetVolumeStatsResponse, VolumeCondition, VolumeUsage};

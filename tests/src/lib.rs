@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ebs_csi_helper_client::{ClientError, HelperClient};
 use ebs_csi_helper_proto::{
-    ClientError, FormatOptions, FsType, HelperClient, PublishRequest, PublishSource, Reply, Request, StageRequest,
-    VolumeId,
+    FormatOptions, FsType, PublishRequest, PublishSource, Reply, Request, StageRequest, VolumeId,
 };
 use ebs_csi_proto::v1::node_client::NodeClient;
 use tonic::transport::{Channel, Endpoint};

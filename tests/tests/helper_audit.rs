@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 use ebs_csi_helper::device::Refusal;
 use ebs_csi_helper::error::{CROSSES_MOUNT, FOREIGN_MOUNT, NOT_A_MOUNT_POINT, NOT_ITS_SHAPE};
 use ebs_csi_helper::exec::Tool;
+use ebs_csi_helper_client::ClientError;
 use ebs_csi_helper_proto::{
-    ClientError, ExpandRequest, FsType, HelperError, PROTOCOL_VERSION, Reply, Request, Response, UnpublishRequest,
-    UnstageRequest, VolumeId, read_frame, write_frame,
+    ExpandRequest, FsType, HelperError, PROTOCOL_VERSION, Reply, Request, Response, UnpublishRequest, UnstageRequest,
+    VolumeId, read_frame, write_frame,
 };
 use ebs_csi_tests::children::exited;
 use ebs_csi_tests::exec_gate::{ExecGate, MKFS};

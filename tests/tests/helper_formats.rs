@@ -9,7 +9,8 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use ebs_csi_helper_proto::{ClientError, FsType, HelperError, PublishRequest, PublishSource, Reply, Request, VolumeId};
+use ebs_csi_helper_client::ClientError;
+use ebs_csi_helper_proto::{FsType, HelperError, PublishRequest, PublishSource, Reply, Request, VolumeId};
 use ebs_csi_tests::children::children_named;
 use ebs_csi_tests::exec_gate::{ExecGate, MKFS};
 use ebs_csi_tests::{Helper, LoopVolume, Sandbox, is_mounted, require_root, stage_request};

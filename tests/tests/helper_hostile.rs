@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 
 use ebs_csi_helper::device::Refusal;
 use ebs_csi_helper::error::NOT_ITS_SHAPE;
+use ebs_csi_helper_client::HelperClient;
 use ebs_csi_helper_proto::{
-    ExpandRequest, FsType, HelperClient, HelperError, MAX_FRAME_BYTES, OLDEST_VERSION, PROTOCOL_VERSION,
-    PublishRequest, PublishSource, Reply, Request, RequestFrame, Response, UnpublishRequest, UnstageRequest, VolumeId,
-    read_frame, write_frame,
+    ExpandRequest, FsType, HelperError, MAX_FRAME_BYTES, OLDEST_VERSION, PROTOCOL_VERSION, PublishRequest,
+    PublishSource, Reply, Request, RequestFrame, Response, UnpublishRequest, UnstageRequest, VolumeId, read_frame,
+    write_frame,
 };
 use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, ebs_csi_mounts, require_root, run_as, stage_request};
 
@@ -269,7 +270,7 @@ fn two_hundred_hostile_requests_change_nothing() {
     assert!(requests.len() >= 200, "{} requests", requests.len());
     for (what, request, expected) in &requests {
         match helper.call(request.clone()) {
-            Err(ebs_csi_helper_proto::ClientError::Helper(e)) => assert!(same_refusal(&e, expected), "{what}: {e:?}"),
+            Err(ebs_csi_helper_client::ClientError::Helper(e)) => assert!(same_refusal(&e, expected), "{what}: {e:?}"),
             other => panic!("{what}: not refused: {other:?}"),
         }
     }

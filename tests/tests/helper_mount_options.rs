@@ -9,7 +9,8 @@
 use std::path::Path;
 
 use ebs_csi_helper::mount::EXT_ERRORS_DEFAULT;
-use ebs_csi_helper_proto::{ClientError, FsType, HelperError, Reply, Request, UnstageRequest};
+use ebs_csi_helper_client::ClientError;
+use ebs_csi_helper_proto::{FsType, HelperError, Reply, Request, UnstageRequest};
 use ebs_csi_tests::guest::super_options;
 use ebs_csi_tests::loopdev::run;
 use ebs_csi_tests::{Helper, LoopVolume, Sandbox, is_mounted, require_root, stage_request};

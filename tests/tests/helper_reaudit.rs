@@ -14,7 +14,8 @@ use std::process::Command;
 
 use ebs_csi_helper::error::{NOT_EMPTY, NOT_ITS_SHAPE};
 use ebs_csi_helper::mounts::MountTablesError;
-use ebs_csi_helper_proto::{ClientError, FsType, HelperError, PROTOCOL_VERSION, Reply, Request};
+use ebs_csi_helper_client::ClientError;
+use ebs_csi_helper_proto::{FsType, HelperError, PROTOCOL_VERSION, Reply, Request};
 use ebs_csi_tests::unreadable::UnreadableVolume;
 use ebs_csi_tests::{
     Helper, LoopVolume, Sandbox, binary, is_mounted, publish_device, publish_staged, require_root, spawn, stage_request,

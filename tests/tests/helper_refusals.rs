@@ -10,8 +10,9 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
+use ebs_csi_helper_client::ClientError;
 use ebs_csi_helper_proto::{
-    ClientError, FsType, HelperError, MAX_FRAME_BYTES, PROTOCOL_VERSION, PerformanceStatisticsRequest, PublishRequest,
+    FsType, HelperError, MAX_FRAME_BYTES, PROTOCOL_VERSION, PerformanceStatisticsRequest, PublishRequest,
     PublishSource, Request, RequestFrame, Response, VolumeId, read_frame, write_frame,
 };
 use ebs_csi_tests::loopdev::run;
@@ -200,7 +201,7 @@ fn refuses_without_loop_permission_and_never_reformats() {
             socket.clone(),
             stage_request(VOLUME, &volume.device, &staging, FsType::Xfs, &[]),
         );
-        move || ebs_csi_helper_proto::HelperClient::new(socket, std::time::Duration::from_secs(10)).call(request)
+        move || ebs_csi_helper_client::HelperClient::new(socket, std::time::Duration::from_secs(10)).call(request)
     });
     no_loop.kill().unwrap();
     no_loop.wait().unwrap();

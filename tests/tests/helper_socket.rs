@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use ebs_csi_helper_proto::{HelperClient, PROTOCOL_VERSION, Reply, Request};
+use ebs_csi_helper_client::HelperClient;
+use ebs_csi_helper_proto::{PROTOCOL_VERSION, Reply, Request};
 use ebs_csi_tests::{AGENT_UID, Helper, Sandbox, binary, require_root, run_as, wait_until};
 use rustix::fs::inotify;
 

@@ -8,9 +8,10 @@
 
 use std::path::PathBuf;
 
+use ebs_csi_helper_client::ClientError;
 use ebs_csi_helper_proto::{
-    ClientError, FsType, HelperError, OLDEST_VERSION, PerformanceStatisticsRequest, PublishRequest, PublishSource,
-    Reply, Request, UnpublishRequest, UnstageRequest, VolumeId, VolumeStatsRequest, VolumeUsage,
+    FsType, HelperError, OLDEST_VERSION, PerformanceStatisticsRequest, PublishRequest, PublishSource, Reply, Request,
+    UnpublishRequest, UnstageRequest, VolumeId, VolumeStatsRequest, VolumeUsage,
 };
 use ebs_csi_tests::loopdev::LoopVolume;
 use ebs_csi_tests::{Helper, Sandbox, require_root, stage_request};

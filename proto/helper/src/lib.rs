@@ -12,14 +12,12 @@
 //! This crate has no async runtime and no gRPC dependency, so the helper
 //! binary can link it while staying free of tokio and tonic.
 
-mod client;
 mod error;
 mod format_options;
 mod frame;
 mod message;
 mod volume_id;
 
-pub use client::{ClientError, HelperClient};
 pub use error::HelperError;
 pub use format_options::FormatOptions;
 pub use frame::{FrameError, MAX_FRAME_BYTES, decode, read_frame, read_payload, write_frame};

@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ebs_csi_helper_client::{ClientError, HelperClient};
 use ebs_csi_helper_proto::{
-    ClientError, ExpandRequest, FsType, HelperClient, HelperError, PerformanceStatisticsRequest, PublishRequest,
-    PublishSource, Request, VolumeId,
+    ExpandRequest, FsType, HelperError, PerformanceStatisticsRequest, PublishRequest, PublishSource, Request, VolumeId,
 };
 use ebs_csi_linux::nvme::identify_controller;
 use ebs_csi_proto::v1::node_client::NodeClient;

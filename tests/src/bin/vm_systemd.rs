@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ebs_csi_helper_proto::{ClientError, FrameError, HelperClient, Request};
+use ebs_csi_helper_client::{ClientError, HelperClient};
+use ebs_csi_helper_proto::{FrameError, Request};
 use ebs_csi_proto::v1::identity_client::IdentityClient;
 use ebs_csi_proto::v1::node_client::NodeClient;
 use ebs_csi_proto::v1::volume_usage::Unit;

@@ -1,11 +1,12 @@
 //! A blocking client for the helper socket (the agent runs it on a
-//! blocking thread).
+//! blocking thread). A crate of its own, so that the privileged helper,
+//! which links `ebs-csi-helper-proto`, is not built from it.
 
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::{FrameError, HelperError, Reply, Request, RequestFrame, Response, read_frame, write_frame};
+use ebs_csi_helper_proto::{FrameError, HelperError, Reply, Request, RequestFrame, Response, read_frame, write_frame};
 
 /// Why a call to the helper did not produce a reply.
 #[derive(Debug, thiserror::Error)]
