@@ -58,7 +58,7 @@ TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
-.PHONY: all build test demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper instance-types budget coverage deny \
+.PHONY: all build test demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper instance-types budget coverage deny sbom \
 	install install-files static image image-deps validate-deploy vm vm-deps
 
 all: build
@@ -113,7 +113,7 @@ test: deps moto
 	@# previous helper) did not run: that fails the run (tests/build.rs).
 	@if grep -E '\.\.\. ignored, needs ' $(TEST_LOG); then \
 	  echo "error: the tests above did not run (make test runs them as root with what they need)"; exit 1; fi
-	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy instance-types budget coverage deny image
+	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy instance-types budget coverage deny image sbom
 
 ## previous-helper: the helper of the previous protocol version (3), built
 ## from its commit for tests/tests/helper_upgrade.rs (a rolling upgrade),
@@ -203,6 +203,13 @@ validate-deploy: moto
 ## docs/helper.md.
 budget:
 	python3 helper/budget.py
+
+## sbom: a CycloneDX SBOM of each shipped binary beside the images
+## (deploy/sbom.py: reproducible, checked for what each binary must and
+## must not be built from).
+sbom:
+	@command -v cargo-cyclonedx >/dev/null || $(CARGO) install --quiet --locked cargo-cyclonedx@0.5.9
+	python3 deploy/sbom.py $(IMAGE_DIR)
 
 ## deny: cargo-deny's offline checks (licenses, bans, sources) against
 ## deny.toml; advisories need RustSec's database, which is not reachable.
