@@ -993,3 +993,35 @@ async fn formatting_options_are_judged_against_the_filesystem_before_ec2() {
     }
     assert_eq!(model.calls("CreateVolume"), 0);
 }
+
+/// A repeated CreateVolume whose answer says `available` (EC2 answers a
+/// reused client token with the volume in its state now) for a volume
+/// DescribeVolumes does not list yet answers only once it is listed: a
+/// DeleteVolume sent before would meet InvalidVolume.NotFound, take the
+/// volume for gone, and leak it (found by the chaos run, seed 1722114418).
+#[tokio::test]
+async fn a_repeat_answered_available_waits_until_the_volume_is_listed() {
+    let (model, service) = controller(Behaviour {
+        create_delay: Duration::from_millis(10),
+        visibility_lag: Duration::from_secs(2),
+        ..Behaviour::default()
+    });
+    let request = request("pvc-repeat", &[], capability(Mode::SingleNodeWriter, false));
+    // The first call made the volume; its answer was lost (the controller
+    // was killed while it waited for the volume to be listed).
+    let first = tokio::time::timeout(Duration::from_millis(300), service.create(request.clone())).await;
+    assert!(first.is_err(), "the first call still waits");
+    let made = model.volumes();
+    assert_eq!(made.len(), 1);
+    let again = service.create(request).await.unwrap().volume.unwrap().volume_id;
+    assert_eq!(again, made[0]);
+    service
+        .delete(DeleteVolumeRequest {
+            volume_id: again.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(model.volume(&again), None, "deleted, not leaked");
+    assert_eq!(model.calls("CreateVolume"), 2);
+}

@@ -356,7 +356,11 @@ impl<E: Ec2> ControllerService<E> {
     /// eventually consistent (Amazon EC2 Developer Guide, "Eventual
     /// consistency in the Amazon EC2 API"): the new volume may be missing
     /// from DescribeVolumes for a while. Missing is looked at again, like
-    /// `creating`, until the create timeout.
+    /// `creating`, until the create timeout — also for a volume the answer
+    /// says is `available`: EC2 answers a reused client token with the
+    /// volume in its state now, listed or not, and a CO that deleted it
+    /// before it was listed would get InvalidVolume.NotFound, which
+    /// DeleteVolume takes for gone (the chaos run's leaked volume).
     ///
     /// The controller deletes a volume only when a DeleteVolume RPC names
     /// it, with one exception: a volume this call's CreateVolume or
@@ -369,9 +373,6 @@ impl<E: Ec2> ControllerService<E> {
     /// by name, or EC2 returns it for the same client token); INTERNAL for
     /// a volume in `error`, `deleting` or `deleted`.
     async fn wait_usable(&self, name: &str, volume: Volume, made_here: bool) -> Result<Volume, ControllerError> {
-        if matches!(volume.state, VolumeState::Available | VolumeState::InUse) {
-            return Ok(volume);
-        }
         let id = volume.id.clone();
         let ended = wait::until(
             &format!("volume {id} to become available (still creating, or not yet visible to DescribeVolumes)"),
