@@ -55,8 +55,12 @@ def kubernetes_versions(deploy):
         fail("docs/install-kubernetes.md", "states no minimum Kubernetes version (\"Kubernetes ≥ X.Y\")")
         return [NEWEST_KUBERNETES]
     return [match.group(1), NEWEST_KUBERNETES]
-# Where the controller calls EC2 (each call observed under its action name).
-CONTROLLER_EC2 = DEPLOY.parent / "controller" / "src" / "ec2" / "sdk.rs"
+# Where the controller calls AWS (each call observed under its action
+# name), and the IAM prefix of those actions: EC2, and the EBS direct APIs.
+CONTROLLER_CALLS = {
+    DEPLOY.parent / "controller" / "src" / "ec2" / "sdk.rs": "ec2",
+    DEPLOY.parent / "controller" / "src" / "snapshot_metadata" / "blocks.rs": "ebs",
+}
 OVERLAYS = ["hardened", "standard"]
 AGENT_UID = 990
 AGENT_CONTAINER = "ebs-plugin"
@@ -112,11 +116,30 @@ def check_snapshot_class(where, obj):
         fail(where, "deletionPolicy must be Delete or Retain")
 
 
+def check_snapshot_metadata_service(where, obj):
+    """The SnapshotMetadataService (cbt.storage.k8s.io/v1beta1, the
+    external-snapshot-metadata sidecar's CRD): named after the driver, as
+    the sidecar looks it up, with its three fields set."""
+    if obj.get("apiVersion") != "cbt.storage.k8s.io/v1beta1":
+        fail(where, f"apiVersion {obj.get('apiVersion')} is not cbt.storage.k8s.io/v1beta1")
+    if obj["metadata"].get("name") != DRIVER:
+        fail(where, f"is not named {DRIVER}: the sidecar looks it up by the driver's name")
+    spec = obj.get("spec", {})
+    for key in set(spec) ^ {"address", "caCert", "audience"}:
+        fail(where, f"spec.{key}: {'unknown field' if key in spec else 'missing'}")
+    for key in ("address", "caCert", "audience"):
+        if key in spec and not spec[key]:
+            fail(where, f"spec.{key} is empty")
+
+
 def validate_schema(where, obj, versions=None):
     """Checks `obj` against the schema of each of `versions` (by default
     the oldest supported Kubernetes and the newest)."""
     if obj.get("apiVersion", "").startswith("snapshot.storage.k8s.io/"):
         check_snapshot_class(where, obj)
+        return
+    if obj.get("kind") == "SnapshotMetadataService":
+        check_snapshot_metadata_service(where, obj)
         return
     for version in versions or kubernetes_versions(DEPLOY):
         try:
@@ -297,6 +320,19 @@ def render(kustomization):
     return [o for o in yaml.safe_load_all(rendered) if o]
 
 
+def render_with_component(overlay, component):
+    """The objects of `overlay` with `component` added, as a kustomization
+    of the user's own would render them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        # kustomize takes relative paths only.
+        kustomization = {
+            "resources": [os.path.relpath(DEPLOY / "kubernetes/overlays" / overlay, tmp)],
+            "components": [os.path.relpath(component, tmp)],
+        }
+        (Path(tmp) / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+        return render(tmp)
+
+
 def check_selinux_component():
     """components/selinux, added to either overlay, sets the CSIDriver's
     seLinuxMount (as the Go chart's node.selinux) and changes nothing else."""
@@ -305,14 +341,7 @@ def check_selinux_component():
         where = f"{overlay} + components/selinux"
         if not component.is_dir():
             return fail(where, "no component: seLinuxMount cannot be turned on")
-        with tempfile.TemporaryDirectory() as tmp:
-            # kustomize takes relative paths only.
-            kustomization = {
-                "resources": [os.path.relpath(DEPLOY / "kubernetes/overlays" / overlay, tmp)],
-                "components": [os.path.relpath(component, tmp)],
-            }
-            (Path(tmp) / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-            objects = render(tmp)
+        objects = render_with_component(overlay, component)
         expected = render(DEPLOY / "kubernetes/overlays" / overlay)
         for obj in expected:
             if obj["kind"] == "CSIDriver":
@@ -323,30 +352,84 @@ def check_selinux_component():
             validate_schema(f"{where}: {obj['kind']}/{obj['metadata']['name']}", obj)
 
 
-def check_overlay(overlay, flags):
-    objects = render(DEPLOY / "kubernetes/overlays" / overlay)
+def mounted_dir(container, path):
+    """The volume `container` mounts the directory of `path` from, or None."""
+    for mount in container.get("volumeMounts", []):
+        if str(Path(path).parent) == mount["mountPath"].rstrip("/"):
+            return mount["name"]
+    return None
+
+
+def check_snapshot_metadata_component(flags):
+    """components/snapshot-metadata, added to either overlay: every object
+    valid and every command's flags accepted; the controller serves
+    SnapshotMetadata on the socket the sidecar dials, in an emptyDir only
+    those two containers mount; the SnapshotMetadataService's address is
+    the Service, which reaches the sidecar's port."""
+    component = DEPLOY / "kubernetes/components/snapshot-metadata"
+    for overlay in OVERLAYS:
+        where = f"{overlay} + components/snapshot-metadata"
+        objects = render_with_component(overlay, component)
+        check_objects(where, overlay, objects, flags)
+        by_kind = {}
+        for obj in objects:
+            by_kind.setdefault(obj["kind"], []).append(obj)
+        pod = next(d for d in by_kind["Deployment"] if d["metadata"]["name"] == "ebs-csi-controller")["spec"]["template"]["spec"]
+        named = {c["name"]: c for c in containers(pod)}
+        plugin, sidecar = named["ebs-plugin"], named.get("csi-snapshot-metadata")
+        endpoint = flag_value(plugin.get("args", []), "--snapshot-metadata-endpoint") or ""
+        if sidecar is None or not endpoint.startswith("unix://"):
+            fail(where, "the controller must serve --snapshot-metadata-endpoint=unix://… to a csi-snapshot-metadata sidecar")
+            continue
+        socket = endpoint.removeprefix("unix://")
+        if flag_value(sidecar.get("args", []), "--csi-address") != socket:
+            fail(where, f"the sidecar dials {flag_value(sidecar.get('args', []), '--csi-address')}, not {socket}")
+        volume = mounted_dir(plugin, socket)
+        if volume is None or mounted_dir(sidecar, socket) != volume:
+            fail(where, f"the controller and the sidecar must mount the directory of {socket} from one volume")
+        elif any(mounted_dir(c, socket) == volume for n, c in named.items() if n not in ("ebs-plugin", "csi-snapshot-metadata")):
+            fail(where, f"{volume}: only the controller and the snapshot metadata sidecar may mount it")
+        ports = {p["containerPort"] for p in sidecar.get("ports", [])}
+        services = {f"{o['metadata']['name']}.{o['metadata'].get('namespace', 'default')}:{p['port']}": p["targetPort"]
+                    for o in by_kind.get("Service", []) for p in o["spec"]["ports"]}
+        for sms in by_kind.get("SnapshotMetadataService", []):
+            address = sms["spec"].get("address")
+            if services.get(address) not in ports:
+                fail(where, f"SnapshotMetadataService address {address} is not a Service port that reaches the sidecar")
+
+
+def check_objects(where, overlay, objects, flags):
+    """Every object of `overlay` (with what else `where` says) valid; every
+    container's image allowed, the flags of the driver's commands accepted,
+    none privileged but the standard overlay's helper; the node DaemonSet
+    and the controller Deployment as check_node and check_controller want."""
     for obj in objects:
-        where = f"{overlay}: {obj['kind']}/{obj['metadata']['name']}"
-        validate_schema(where, obj)
+        at = f"{where}: {obj['kind']}/{obj['metadata']['name']}"
+        validate_schema(at, obj)
         pod_spec = obj.get("spec", {}).get("template", {}).get("spec")
         if pod_spec is None:
             continue
         for container in containers(pod_spec):
-            check_image(f"{where} {container['name']}", container)
+            check_image(f"{at} {container['name']}", container)
             command = container.get("command", [""])
-            check_command(f"{where} {container['name']}", command + container.get("args", []), flags)
+            check_command(f"{at} {container['name']}", command + container.get("args", []), flags)
             hook = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
             if hook:
-                check_command(f"{where} {container['name']} preStop", hook, flags)
+                check_command(f"{at} {container['name']} preStop", hook, flags)
             privileged_allowed = overlay == "standard" and container["name"] == HELPER_CONTAINER
             if is_privileged(container) != privileged_allowed:
                 state = "privileged" if is_privileged(container) else "not privileged"
-                fail(f"{where} {container['name']}", f"is {state}")
+                fail(f"{at} {container['name']}", f"is {state}")
         if obj["kind"] == "DaemonSet":
-            check_node(where, obj, helper_in_pod=overlay == "standard")
-            check_node_token(where, pod_spec)
+            check_node(at, obj, helper_in_pod=overlay == "standard")
+            check_node_token(at, pod_spec)
         if obj["kind"] == "Deployment":
-            check_controller(where, obj)
+            check_controller(at, obj)
+
+
+def check_overlay(overlay, flags):
+    objects = render(DEPLOY / "kubernetes/overlays" / overlay)
+    check_objects(overlay, overlay, objects, flags)
     check_node_rbac(overlay, objects)
     kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
     if ("CSIDriver", DRIVER) not in kinds:
@@ -469,15 +552,15 @@ def check_iam_allows_the_iops_dry_run():
 
 
 def check_iam_covers_the_controller():
-    """Every EC2 action the controller calls (each is observed under its
-    name in controller/src/ec2/sdk.rs) is in iam-policy.json."""
-    source = CONTROLLER_EC2.read_text()
-    called = set(re.findall(r'observe\(\s*"(\w+)"', source))
+    """Every AWS action the controller calls (each is observed under its
+    name in CONTROLLER_CALLS) is in iam-policy.json."""
     policy = json.loads((DEPLOY / "iam-policy.json").read_text())["Statement"]
     granted = {a for s in policy for a in listed(s["Action"])}
-    for action in sorted(called):
-        if f"ec2:{action}" not in granted:
-            fail("iam-policy.json", f"does not grant ec2:{action}, which the controller calls")
+    for source, prefix in CONTROLLER_CALLS.items():
+        called = set(re.findall(r'observe\(\s*"(\w+)"', source.read_text()))
+        for action in sorted(called):
+            if f"{prefix}:{action}" not in granted:
+                fail("iam-policy.json", f"does not grant {prefix}:{action}, which the controller calls")
 
 
 def check_iam():
@@ -615,6 +698,7 @@ def check_all(flags):
     for overlay in OVERLAYS:
         check_overlay(overlay, flags)
     check_selinux_component()
+    check_snapshot_metadata_component(flags)
     check_examples()
     check_iam()
     check_nomad(flags)
@@ -698,6 +782,18 @@ BREAKS = [
     ("nomad/ebs-csi-helper-nomad.conf", "aws-ebs0 --allowed-layout nomad", "aws-ebs0", "--allowed-layout must be nomad"),
     ("nomad/volume.hcl", 'plugin_id = "aws-ebs0"', 'plugin_id = "other"', "plugin_id"),
     ("nomad/writer.nomad.hcl", 'source          = "data"', 'source          = "other"', "claims volume"),
+    ("kubernetes/components/snapshot-metadata/kustomization.yaml",
+     "- --csi-address=/var/lib/csi/sockets/snapshot-metadata/csi.sock",
+     "- --csi-address=/var/lib/csi/sockets/pluginproxy/csi.sock", "the sidecar dials"),
+    ("kubernetes/components/snapshot-metadata/kustomization.yaml", "name: snapshot-metadata-socket-dir\n          mountPath",
+     "name: socket-dir\n          mountPath", "from one volume"),
+    ("kubernetes/components/snapshot-metadata/kustomization.yaml", "--snapshot-metadata-endpoint=", "--metadata-endpoint=",
+     "--metadata-endpoint=unix:///var/lib/csi/sockets/snapshot-metadata/csi.sock is not a flag"),
+    ("kubernetes/components/snapshot-metadata/snapshotmetadataservice.yaml", "name: ebs.csi.aws.com", "name: ebs",
+     "is not named ebs.csi.aws.com"),
+    ("kubernetes/components/snapshot-metadata/snapshotmetadataservice.yaml", ".kube-system:6443", ".kube-system:443",
+     "is not a Service port"),
+    ("iam-policy.json", '"ebs:ListSnapshotBlocks", ', "", "does not grant ebs:ListSnapshotBlocks"),
 ]
 
 

@@ -7,6 +7,7 @@ mod error;
 mod metrics;
 mod parameters;
 mod service;
+mod snapshot_metadata;
 mod tags;
 mod template;
 mod volume_type;
@@ -23,13 +24,18 @@ use ebs_csi_proto::endpoint;
 use ebs_csi_proto::v1::controller_server::ControllerServer;
 use ebs_csi_proto::v1::group_controller_server::GroupControllerServer;
 use ebs_csi_proto::v1::identity_server::IdentityServer;
+use ebs_csi_proto::v1::snapshot_metadata_server::SnapshotMetadataServer;
 
+use crate::ec2::Ec2;
 use crate::ec2::batch::BatchConfig;
 use crate::ec2::limits::Limits;
 use crate::ec2::pacing::{Paced, RequestBuckets};
 use crate::ec2::sdk::SdkEc2;
 use crate::metrics::ApiMetrics;
+use crate::service::identity::{CONTROLLER_SERVICES, SNAPSHOT_METADATA_SERVICES};
 use crate::service::{ControllerService, IdentityService, Settings};
+use crate::snapshot_metadata::SnapshotMetadataService;
+use crate::snapshot_metadata::blocks::SdkBlocks;
 
 /// The CSI Controller service for Amazon EBS (flag names follow the Go
 /// driver's where they exist).
@@ -43,6 +49,11 @@ struct Args {
         env = "CSI_ENDPOINT"
     )]
     endpoint: String,
+    /// Where to serve the SnapshotMetadata service (changed-block
+    /// tracking) with an Identity service of its own, for the
+    /// external-snapshot-metadata sidecar: `unix:///…`. Unset: not served.
+    #[arg(long, env = "SNAPSHOT_METADATA_ENDPOINT")]
+    snapshot_metadata_endpoint: Option<String>,
     /// AWS region (default: AWS_REGION, the profile, or IMDS).
     #[arg(long)]
     region: Option<String>,
@@ -145,6 +156,12 @@ async fn main() -> anyhow::Result<()> {
         detach_pending: metrics.detach_pending(),
         ..Settings::default()
     };
+    // Bound before the CSI socket, whose appearance says the controller is
+    // ready.
+    let metadata = match &args.snapshot_metadata_endpoint {
+        Some(address) => Some(serve_snapshot_metadata(address, &ec2, &config, metrics)?),
+        None => None,
+    };
     // The socket passed in (the Nomad job's systemd-socket-activate), or
     // `socket` bound here.
     let listening = endpoint::listen(&socket).with_context(|| format!("listening on {}", socket.display()))?;
@@ -156,10 +173,39 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(socket = %on, region = ?config.region(), "serving CSI Identity, Controller and GroupController");
     let controller = Arc::new(ControllerService::new(Arc::clone(&ec2), settings));
     tonic::transport::Server::builder()
-        .add_service(IdentityServer::new(IdentityService::new(ec2)))
+        .add_service(IdentityServer::new(IdentityService::new(ec2, CONTROLLER_SERVICES)))
         .add_service(ControllerServer::from_arc(Arc::clone(&controller)))
         .add_service(GroupControllerServer::from_arc(controller))
         .serve_with_incoming_shutdown(endpoint::connections(listening.listener), endpoint::shutdown_signal())
         .await?;
+    if let Some(metadata) = metadata {
+        metadata.await??;
+    }
     Ok(())
+}
+
+/// Binds `address` and serves Identity (advertising only
+/// SNAPSHOT_METADATA_SERVICE) and SnapshotMetadata on it, until SIGTERM or
+/// SIGINT.
+///
+/// # Errors
+/// An invalid address, or the error binding it.
+fn serve_snapshot_metadata<E: Ec2>(
+    address: &str,
+    ec2: &Arc<E>,
+    config: &aws_config::SdkConfig,
+    metrics: ApiMetrics,
+) -> anyhow::Result<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>> {
+    let socket = endpoint::socket_path(address)?;
+    let listener = endpoint::bind(&socket).with_context(|| format!("listening on {}", socket.display()))?;
+    tracing::info!(socket = %socket.display(), "serving CSI Identity and SnapshotMetadata");
+    let service = SnapshotMetadataService::new(Arc::clone(ec2), Arc::new(SdkBlocks::new(config, metrics)));
+    let server = tonic::transport::Server::builder()
+        .add_service(IdentityServer::new(IdentityService::new(
+            Arc::clone(ec2),
+            SNAPSHOT_METADATA_SERVICES,
+        )))
+        .add_service(SnapshotMetadataServer::new(service))
+        .serve_with_incoming_shutdown(endpoint::connections(listener), endpoint::shutdown_signal());
+    Ok(tokio::spawn(server))
 }

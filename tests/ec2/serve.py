@@ -2,7 +2,7 @@
 to the situations the controller must survive, each as EC2 gives it.
 
 Usage: serve.py PORT [--seed N] [--lag S] [--create S] [--attach S] [--detach S]
-                    [--faults FRACTION]
+                    [--faults FRACTION] [--snapshot-images DIR]
 
 Everything is moto (moto[server], PyPI) behind one WSGI middleware, served
 by werkzeug as moto_server serves it, with EC2's timing and consistency
@@ -14,6 +14,9 @@ by werkzeug as moto_server serves it, with EC2's timing and consistency
   <CopyVolumesResponse><volumeSet>, the element names of aws-sdk-ec2's
   CopyVolumes deserializer; a ClientToken reused with other parameters is
   IdempotentParameterMismatch, as for every idempotent EC2 action;
+- with --snapshot-images, answers the EBS direct APIs ListSnapshotBlocks
+  and ListChangedBlocks for EC2's snapshots from the contents the attach
+  simulator copied there (ebs_direct.py);
 - answers DescribeVolumeStatus (EC2 API Reference), each volume `ok` and
   initialized unless a test said otherwise with POST
   /_initializing/<volume id>?progress=P&seconds=S (DELETE ends it);
@@ -85,7 +88,9 @@ import time
 import uuid
 from urllib.parse import parse_qs
 
+import ebs_direct
 from moto.core import DEFAULT_ACCOUNT_ID
+from moto.ebs.models import ebs_backends
 from moto.ec2.exceptions import EC2ClientError, InvalidSnapshotIdError, InvalidVolumeIdError, VolumeInUseError
 from moto.ec2.models import ec2_backends
 from moto.ec2.models.core import TaggedEC2Resource
@@ -465,7 +470,7 @@ def error(start_response, status, code, message):
 
 
 def region_of(environ):
-    match = re.search(r"Credential=[^/]+/[^/]+/([^/]+)/ec2/", environ.get("HTTP_AUTHORIZATION", ""))
+    match = re.search(r"Credential=[^/]+/[^/]+/([^/]+)/(?:ec2|ebs)/", environ.get("HTTP_AUTHORIZATION", ""))
     return match.group(1) if match else "us-east-1"
 
 
@@ -767,6 +772,11 @@ def middleware(app):
                     initializing[volume_id] = (int(query["progress"][0]), int(query["seconds"][0]))
             start_response("204 No Content", [])
             return []
+        if snapshot_images:
+            answered = ebs_direct.answer(environ, start_response, snapshot_images,
+                                         *snapshot_lookups(environ))
+            if answered is not None:
+                return answered
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length)
         environ["wsgi.input"] = io.BytesIO(body)
@@ -822,7 +832,18 @@ def action_answer(app, environ, start_response, action, params, body):
     return app(environ, start_response)
 
 
-    return serve
+# --snapshot-images: where the attach simulator copies snapshot contents.
+snapshot_images = None
+
+
+def snapshot_lookups(environ):
+    """For ebs_direct.answer: EC2's snapshot of an id as Describe calls see
+    it now (None while EC2 does not list it), and whether an id is one of
+    moto's own EBS snapshots (StartSnapshot)."""
+    region = region_of(environ)
+    ec2 = ec2_backends[DEFAULT_ACCOUNT_ID][region]
+    ebs = ebs_backends[DEFAULT_ACCOUNT_ID][region]
+    return (lambda i: None if timeline.hidden(i) else ec2.snapshots.get(i)), (lambda i: i in ebs.snapshots)
 
 
 class Chaos:
@@ -872,8 +893,10 @@ def main():
     parser.add_argument("--attach", type=float, default=0.5, help="seconds an attachment is `attaching`")
     parser.add_argument("--detach", type=float, default=0.5, help="seconds an attachment is `detaching`")
     parser.add_argument("--faults", type=float, default=0.0, help="fraction of EC2 calls answered with a fault")
+    parser.add_argument("--snapshot-images", help="where the attach simulator copies snapshot contents")
     args = parser.parse_args()
-    global chaos
+    global chaos, snapshot_images
+    snapshot_images = args.snapshot_images
     chaos = Chaos(args.seed, args.faults)
     print(f"serve.py: seed {args.seed}", file=sys.stderr, flush=True)
     keep_time(args.seed, args.lag, args.create, args.attach, args.detach)

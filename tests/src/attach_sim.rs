@@ -9,7 +9,8 @@
 //! given to AttachVolume) in its device tree. On detach it removes the
 //! links and the loop device; when the volume is deleted, the file. It
 //! keeps snapshot contents (moto keeps none), so a volume created from a
-//! snapshot starts with the snapshot's data, and grows a backing file when
+//! snapshot starts with the snapshot's data and serve.py can list a
+//! snapshot's blocks (EBS direct APIs), and grows a backing file when
 //! the volume is modified to a larger size.
 
 use std::collections::{HashMap, HashSet};
@@ -138,25 +139,32 @@ impl Simulator {
                 continue;
             };
             if !self.snapshots.contains(id) {
-                self.capture(id, volume_id)?;
+                self.capture(id, volume_id, snapshot.volume_size().unwrap_or_default())?;
             }
         }
         Ok(())
     }
 
-    fn capture(&mut self, snapshot_id: &str, volume_id: &str) -> SimResult<()> {
+    /// Copies the volume's backing file (or, for a volume never attached,
+    /// a blank file of `size_gib`) to the snapshot's file: under a
+    /// temporary name, then renamed, so that a reader (serve.py's EBS
+    /// direct APIs) never sees a copy half made.
+    fn capture(&mut self, snapshot_id: &str, volume_id: &str, size_gib: i32) -> SimResult<()> {
         let source = self.volume_file(volume_id);
+        let image = self.snapshot_file(snapshot_id);
+        let partial = image.with_extension("partial");
+        tracing::info!(snapshot_id, volume_id, "capturing snapshot contents");
         if source.exists() {
-            tracing::info!(snapshot_id, volume_id, "capturing snapshot contents");
             run(
                 "cp",
-                &[
-                    "--sparse=always",
-                    &source.to_string_lossy(),
-                    &self.snapshot_file(snapshot_id).to_string_lossy(),
-                ],
+                &["--sparse=always", &source.to_string_lossy(), &partial.to_string_lossy()],
             )?;
+        } else {
+            std::fs::File::create(&partial)
+                .and_then(|f| f.set_len(u64::try_from(size_gib).unwrap_or_default() << 30))
+                .map_err(|e| format!("{}: {e}", partial.display()))?;
         }
+        std::fs::rename(&partial, &image).map_err(|e| format!("{}: {e}", image.display()))?;
         self.snapshots.insert(snapshot_id.to_owned());
         Ok(())
     }

@@ -27,6 +27,7 @@ use tonic::transport::{Channel, Endpoint};
 
 pub mod attach_sim;
 pub mod bench;
+pub mod changed_blocks;
 pub mod chaos;
 pub mod children;
 pub mod exec_gate;

@@ -20,6 +20,8 @@ use tonic::transport::Channel;
 use crate::moto::{Controller, Moto};
 use crate::{Agent, Helper, Process, Sandbox, binary, spawn};
 
+mod backup;
+
 const REGION: &str = "us-east-1";
 const ZONE: &str = "us-east-1a";
 const GIB: i64 = 1 << 30;
@@ -192,11 +194,14 @@ pub struct Environment {
 pub async fn start(report: &mut Report) -> Result<Environment, Failure> {
     let sandbox = Sandbox::new();
     report.log_dir = Some(sandbox.path().to_owned());
+    // The attach simulator copies snapshot contents here; serve.py lists
+    // their blocks (EBS direct APIs) from them.
+    let images = sandbox.path().join("ebs/snapshots").to_string_lossy().into_owned();
     let moto = report
         .step(
-            "start moto server (EC2 API) on 127.0.0.1",
+            "start moto server (EC2 and EBS direct APIs) on 127.0.0.1",
             Component::Ec2,
-            blocking(Moto::start),
+            blocking(move || Moto::start_with(&["--snapshot-images", &images])),
         )
         .await?;
     let instance_id = moto.run_instance(REGION, ZONE);
@@ -321,6 +326,7 @@ struct NodeVolume {
 }
 
 /// The clients and paths of a run.
+#[derive(Clone)]
 struct Driver {
     controller: ControllerClient<Channel>,
     node: NodeClient<Channel>,
@@ -376,13 +382,17 @@ impl Driver {
             .publish_context;
         let staging = crate::kubelet_staging(&self.kubelet, volume_id);
         std::fs::create_dir_all(&staging).map_err(|e| e.to_string())?;
+        // kubelet's target path: a directory to mount on, or for a raw
+        // block volume a file to bind the device on.
+        let target = match self.capability.access_type {
+            Some(AccessType::Block(_)) => format!("plugins/kubernetes.io/csi/volumeDevices/publish/{name}/pod-{name}"),
+            _ => format!("pods/pod-{name}/volumes/kubernetes.io~csi/{name}/mount"),
+        };
         Ok(NodeVolume {
             volume_id: volume_id.into(),
             device_path: context.get("devicePath").cloned().unwrap_or_default(),
             staging,
-            target: self
-                .kubelet
-                .join(format!("pods/pod-{name}/volumes/kubernetes.io~csi/{name}/mount")),
+            target: self.kubelet.join(target),
         })
     }
 
@@ -449,6 +459,32 @@ impl Driver {
                 },
             )
             .await
+    }
+
+    async fn delete_snapshot(&self, snapshot_id: &str) -> Result<(), String> {
+        let request = DeleteSnapshotRequest {
+            snapshot_id: snapshot_id.into(),
+            ..Default::default()
+        };
+        self.controller
+            .clone()
+            .delete_snapshot(request)
+            .await
+            .map(drop)
+            .map_err(status)
+    }
+
+    async fn delete_volume(&self, volume_id: &str) -> Result<(), String> {
+        let request = DeleteVolumeRequest {
+            volume_id: volume_id.into(),
+            ..Default::default()
+        };
+        self.controller
+            .clone()
+            .delete_volume(request)
+            .await
+            .map(drop)
+            .map_err(status)
     }
 
     /// Waits until the simulated device of `volume_id` has `gib` GiB, as
@@ -703,31 +739,23 @@ pub async fn lifecycle(env: &Environment, report: &mut Report) -> Result<(), Fai
             },
         )
         .await?;
+    backup::changed_blocks(&d, env, report).await?;
     d.teardown(&restored, report).await?;
     d.teardown(&volume, report).await?;
-    let mut controller = d.controller.clone();
     report
-        .step("DeleteSnapshot", Component::Controller, async {
-            let r = DeleteSnapshotRequest {
-                snapshot_id,
-                ..Default::default()
-            };
-            controller.delete_snapshot(r).await.map(drop).map_err(status)
-        })
+        .step(
+            &format!("DeleteSnapshot {snapshot_id}"),
+            Component::Controller,
+            d.delete_snapshot(&snapshot_id),
+        )
         .await?;
     for id in [restored_id, volume_id] {
-        let mut controller = d.controller.clone();
         report
-            .step(&format!("DeleteVolume {id}"), Component::Controller, async {
-                controller
-                    .delete_volume(DeleteVolumeRequest {
-                        volume_id: id.clone(),
-                        ..Default::default()
-                    })
-                    .await
-                    .map(drop)
-                    .map_err(status)
-            })
+            .step(
+                &format!("DeleteVolume {id}"),
+                Component::Controller,
+                d.delete_volume(&id),
+            )
             .await?;
     }
     let root = env.sandbox.path().to_owned();

@@ -1,8 +1,9 @@
 //! moto server (PyPI `moto[ec2,server]`, a real EC2 Query API
 //! implementation) on 127.0.0.1, one per test, behind `tests/ec2/serve.py`
 //! (CopyVolumes, which moto lacks, EC2's timing and eventual consistency,
-//! and EC2's own answers to the faults a test arms), and the controller
-//! binary pointed at it through the SDK's standard endpoint setting.
+//! and EC2's own answers to the faults a test arms, and the EBS direct
+//! APIs over snapshot contents), and the controller binary pointed at it
+//! through the SDK's standard endpoint settings.
 #![allow(clippy::expect_used, reason = "test support")]
 
 use std::io::{Read, Write};
@@ -14,6 +15,7 @@ use std::time::Duration;
 use ebs_csi_proto::v1::controller_client::ControllerClient;
 use ebs_csi_proto::v1::group_controller_client::GroupControllerClient;
 use ebs_csi_proto::v1::identity_client::IdentityClient;
+use ebs_csi_proto::v1::snapshot_metadata_client::SnapshotMetadataClient;
 use tonic::transport::Channel;
 
 use crate::{Process, Sandbox, binary, channel, spawn, wait_until};
@@ -265,6 +267,7 @@ fn base64_decode(text: &str) -> String {
 pub fn aws_env(command: &mut Command, endpoint: &str, region: &str) {
     command
         .env("AWS_ENDPOINT_URL_EC2", endpoint)
+        .env("AWS_ENDPOINT_URL_EBS", endpoint)
         .env("AWS_REGION", region)
         .env("AWS_ACCESS_KEY_ID", "testing")
         .env("AWS_SECRET_ACCESS_KEY", "testing")
@@ -299,10 +302,13 @@ pub fn assert_tags(xml: &str, expected: &[(&str, &str)]) {
 }
 
 /// The controller of a test: the real `ebs-csi-controller` binary against
-/// moto in one region.
+/// moto in one region, serving SnapshotMetadata on a socket of its own.
 pub struct Controller {
     /// Its CSI socket.
     pub socket: PathBuf,
+    /// Its SnapshotMetadata socket (`--snapshot-metadata-endpoint`), when
+    /// it serves one.
+    pub metadata_socket: Option<PathBuf>,
     /// The process.
     pub process: Process,
 }
@@ -336,14 +342,21 @@ impl Controller {
 
     fn launch_logging_to(dir: &Path, args: &[&str], env: impl FnOnce(&mut Command), log: &str) -> Self {
         let socket = dir.join("controller.sock");
+        let metadata_socket = dir.join("snapshot-metadata.sock");
         let mut command = Command::new(binary("ebs-csi-controller"));
         command
             .arg("--endpoint")
             .arg(format!("unix://{}", socket.display()))
+            .arg("--snapshot-metadata-endpoint")
+            .arg(format!("unix://{}", metadata_socket.display()))
             .args(args);
         env(&mut command);
         let process = spawn("controller", command, dir.join(log), &socket);
-        Self { socket, process }
+        Self {
+            socket,
+            metadata_socket: Some(metadata_socket),
+            process,
+        }
     }
 
     /// SIGKILLs the controller started by [`Controller::start_in`] with
@@ -367,6 +380,24 @@ impl Controller {
     /// A CSI GroupController client.
     pub async fn groups(&self) -> GroupControllerClient<Channel> {
         GroupControllerClient::new(channel(&self.socket).await)
+    }
+
+    /// A channel to the SnapshotMetadata socket.
+    ///
+    /// # Panics
+    /// If the controller serves none.
+    pub async fn metadata_channel(&self) -> Channel {
+        channel(self.metadata_socket.as_deref().expect("a SnapshotMetadata socket")).await
+    }
+
+    /// A CSI SnapshotMetadata client, on the socket of its own.
+    pub async fn metadata(&self) -> SnapshotMetadataClient<Channel> {
+        SnapshotMetadataClient::new(self.metadata_channel().await)
+    }
+
+    /// A CSI Identity client on the SnapshotMetadata socket.
+    pub async fn metadata_identity(&self) -> IdentityClient<Channel> {
+        IdentityClient::new(self.metadata_channel().await)
     }
 }
 

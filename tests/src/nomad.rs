@@ -139,7 +139,11 @@ impl NomadClient {
             sandbox_dir.join("controller.log"),
             &socket,
         );
-        Controller { socket, process }
+        Controller {
+            socket,
+            metadata_socket: None,
+            process,
+        }
     }
 
     /// Runs the node task (as root, its command line interpolated) against

@@ -1,5 +1,6 @@
 //! The main job end to end, the same code `make demo` runs: create, attach,
-//! stage, publish, write, expand, snapshot, restore, tear down.
+//! stage, publish, write, expand, snapshot, restore, group snapshot, the
+//! changed blocks between two snapshots, tear down.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -25,5 +26,5 @@ async fn a_volume_lives_its_whole_life_on_one_machine() {
         );
     }
     eprintln!("{}", report.summary());
-    assert_eq!(report.steps.len(), 31, "{}", report.summary());
+    assert_eq!(report.steps.len(), 48, "{}", report.summary());
 }

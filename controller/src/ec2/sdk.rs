@@ -122,8 +122,9 @@ fn selector_filter(selector: Selector, id_filter: &str) -> Filter {
 }
 
 /// Maps an SDK error to [`Ec2Error`] by EC2 error code (EC2 API
-/// reference, "Error codes"), keeping the code.
-fn classify<E, R>(error: SdkError<E, R>) -> Failure
+/// reference, "Error codes"), or by the EBS direct APIs' error type (EBS
+/// direct APIs reference, "Errors"), keeping the code.
+pub(crate) fn classify<E, R>(error: SdkError<E, R>) -> Failure
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     R: std::fmt::Debug + Send + Sync + 'static,
@@ -137,7 +138,9 @@ where
     let code = error.code().unwrap_or_default().to_owned();
     let message = error.message().unwrap_or_default().to_owned();
     let classified = match code.as_str() {
-        c if c.ends_with(".NotFound") || c.ends_with(".Malformed") => Ec2Error::NotFound(message),
+        c if c.ends_with(".NotFound") || c.ends_with(".Malformed") || c == "ResourceNotFoundException" => {
+            Ec2Error::NotFound(message)
+        }
         "IdempotentParameterMismatch" => Ec2Error::IdempotentParameterMismatch(message),
         "IncorrectState"
         | "IncorrectInstanceState"
@@ -152,14 +155,22 @@ where
         | "VolumeLimitExceeded"
         | "MaxIOPSLimitExceeded"
         | "VolumeModificationSizeLimitExceeded" => Ec2Error::QuotaExceeded(message),
-        "RequestLimitExceeded" | "Throttling" | "ThrottlingException" => Ec2Error::Throttled(message),
+        "RequestLimitExceeded"
+        | "Throttling"
+        | "ThrottlingException"
+        | "RequestThrottledException"
+        | "ConcurrentLimitExceededException" => Ec2Error::Throttled(message),
         "InvalidParameterValue" if message.contains("unixDevice") || message.contains("already in use") => {
             Ec2Error::DeviceNameRefused(message)
         }
         c if c.starts_with("InvalidParameter")
             || matches!(
                 c,
-                "UnknownParameter" | "UnknownVolumeType" | "UnsupportedOperation" | "ValidationError"
+                "UnknownParameter"
+                    | "UnknownVolumeType"
+                    | "UnsupportedOperation"
+                    | "ValidationError"
+                    | "ValidationException"
             ) =>
         {
             Ec2Error::InvalidParameter(message)

@@ -20,17 +20,31 @@ use crate::ec2::Ec2;
 /// calling EC2 again.
 const PROBE_CACHE: Duration = Duration::from_secs(60);
 
-/// Identity: name, capabilities, and a cheap Probe.
+/// The services the controller's endpoint serves (GetPluginCapabilities).
+pub const CONTROLLER_SERVICES: &[service::Type] = &[
+    service::Type::ControllerService,
+    service::Type::VolumeAccessibilityConstraints,
+    service::Type::GroupControllerService,
+];
+
+/// The services the snapshot metadata endpoint serves.
+pub const SNAPSHOT_METADATA_SERVICES: &[service::Type] = &[service::Type::SnapshotMetadataService];
+
+/// Identity: name, the services of its endpoint, and a cheap Probe.
 pub struct IdentityService<E: Ec2> {
     ec2: Arc<E>,
+    services: &'static [service::Type],
     last_ready: Mutex<Option<Instant>>,
 }
 
 impl<E: Ec2> IdentityService<E> {
-    /// Probes through `ec2`.
-    pub fn new(ec2: Arc<E>) -> Self {
+    /// Advertises `services` ([`CONTROLLER_SERVICES`] or
+    /// [`SNAPSHOT_METADATA_SERVICES`]: each endpoint only what it serves);
+    /// probes through `ec2`.
+    pub fn new(ec2: Arc<E>, services: &'static [service::Type]) -> Self {
         Self {
             ec2,
+            services,
             last_ready: Mutex::new(None),
         }
     }
@@ -49,11 +63,7 @@ impl<E: Ec2> Identity for IdentityService<E> {
         &self,
         _: Request<GetPluginCapabilitiesRequest>,
     ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
-        Ok(Response::new(endpoint::plugin_capabilities(&[
-            service::Type::ControllerService,
-            service::Type::VolumeAccessibilityConstraints,
-            service::Type::GroupControllerService,
-        ])))
+        Ok(Response::new(endpoint::plugin_capabilities(self.services)))
     }
 
     /// Ready when a dry-run EC2 call succeeded within the last minute;

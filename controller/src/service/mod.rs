@@ -6,7 +6,7 @@ mod attach;
 mod capability;
 mod ebs_cards;
 mod groups;
-mod identity;
+pub mod identity;
 mod iops_ceiling;
 mod modify;
 mod snapshots;
@@ -123,7 +123,7 @@ impl<E: Ec2> ControllerService<E> {
 }
 
 /// Requires a non-empty string field.
-fn required<'a>(field: &str, value: &'a str) -> Result<&'a str, ControllerError> {
+pub(crate) fn required<'a>(field: &str, value: &'a str) -> Result<&'a str, ControllerError> {
     if value.is_empty() {
         return Err(ControllerError::InvalidArgument(format!("{field} is required")));
     }
@@ -131,7 +131,7 @@ fn required<'a>(field: &str, value: &'a str) -> Result<&'a str, ControllerError>
 }
 
 /// GiB, in bytes.
-const GIB: i64 = 1 << 30;
+pub(crate) const GIB: i64 = 1 << 30;
 
 /// Whole GiB needed to hold `bytes` (positive).
 fn gib_ceil(bytes: i64) -> i64 {
