@@ -27,13 +27,13 @@ SHIPPED = {"ebs-csi-agent": "agent", "ebs-csi-controller": "controller", "ebs-cs
 MUST = {
     "ebs-csi-helper": {"ebs-csi-helper-proto", "ebs-csi-linux", "rustix", "seccompiler", "caps"},
     "ebs-csi-agent": {"ebs-csi-helper-client", "ebs-csi-proto", "tonic", "tokio"},
-    "ebs-csi-controller": {"ebs-csi-proto", "tonic", "aws-sdk-ec2", "aws-config"},
+    "ebs-csi-controller": {"ebs-csi-proto", "tonic", "aws-sdk-ec2", "aws-sdk-ebs", "aws-config"},
 }
 MUST_NOT = {
-    "ebs-csi-helper": {"tokio", "tonic", "prost", "hyper", "h2", "aws-sdk-ec2", "aws-config",
+    "ebs-csi-helper": {"tokio", "tonic", "prost", "hyper", "h2", "aws-sdk-ec2", "aws-sdk-ebs", "aws-config",
                        "ebs-csi-helper-client", "ebs-csi-proto"},
-    # The agent reads IMDS through aws-config, but calls no EC2 API.
-    "ebs-csi-agent": {"aws-sdk-ec2"},
+    # The agent reads IMDS through aws-config, but calls no EC2 or EBS API.
+    "ebs-csi-agent": {"aws-sdk-ec2", "aws-sdk-ebs"},
     "ebs-csi-controller": {"ebs-csi-helper-client"},
 }
 

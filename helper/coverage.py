@@ -60,7 +60,10 @@ def run_as_nobody(executable, target):
                               "--inh-caps=-all", executable, "handler::tests"],
                              env=env, cwd=profiles, capture_output=True, text=True)
         print(run.stdout[-400:], run.stderr[-2000:], sep="\n")
-        if run.returncode != 0 or " 0 passed" in run.stdout or " ignored" in run.stdout.replace(" 0 ignored", ""):
+        # libtest's summary: "test result: ok. N passed; F failed; I ignored; …".
+        summary = re.search(r"test result: (\w+)\. (\d+) passed; (\d+) failed; (\d+) ignored", run.stdout)
+        if run.returncode != 0 or not summary or summary[1] != "ok" \
+                or int(summary[2]) == 0 or int(summary[3]) or int(summary[4]):
             sys.exit("the requests' tests did not all run and pass as nobody")
         for profile in Path(profiles).glob("*.profraw"):
             shutil.move(str(profile), target / profile.name)

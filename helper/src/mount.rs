@@ -136,7 +136,10 @@ pub fn mount_filesystem(device: &VerifiedDevice, fs: FsType, options: &MountOpti
         tracing::info!("SELinux is not enabled: the context= option is left out");
         data.retain(|o| !o.starts_with("context="));
     }
-    let flags = options.flags;
+    // [`staging_options`] adds these too; set here as well, a filesystem
+    // of a volume is never mounted with set-uid files or device nodes that
+    // work, whatever a caller passes.
+    let flags = options.flags | MountFlags::NOSUID | MountFlags::NODEV;
     let source = device.path();
     device.reverify()?;
     tracing::info!(device = ?source, fs_type = fs.name(), ?flags, ?data, "mount");

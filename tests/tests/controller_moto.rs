@@ -1434,3 +1434,75 @@ async fn volume_group_snapshots_are_crash_consistent_per_instance() {
         .unwrap_err();
     assert_eq!(gone.code(), Code::NotFound);
 }
+
+/// csi-sanity v5.4.0's GroupController specs (kubernetes-csi/csi-test,
+/// pkg/sanity/groupcontroller.go), each as that suite asks it with its
+/// default id generator ("fake-vol-id" is its invalid id): csi-sanity is Go
+/// and its modules cannot be fetched on this machine, so its specs run here.
+#[tokio::test]
+async fn csi_sanitys_group_controller_specs_hold() {
+    let s = setup(&[]).await;
+    let mut identity = s.controller.identity().await;
+    let mut groups = s.controller.groups().await;
+    // BeforeEach: the plugin provides GROUP_CONTROLLER_SERVICE.
+    let provided = identity
+        .get_plugin_capabilities(GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert!(provided.iter().any(|c| matches!(
+        &c.r#type,
+        Some(plugin_capability::Type::Service(s))
+            if s.r#type == plugin_capability::service::Type::GroupControllerService as i32
+    )));
+    // "GroupControllerGetCapabilities should return appropriate
+    // capabilities": only CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT.
+    let caps = groups
+        .group_controller_get_capabilities(GroupControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    let kinds: Vec<Option<i32>> = caps
+        .iter()
+        .map(|c| {
+            c.r#type
+                .as_ref()
+                .map(|group_controller_service_capability::Type::Rpc(rpc)| rpc.r#type)
+        })
+        .collect();
+    let create_delete_get = group_controller_service_capability::rpc::Type::CreateDeleteGetVolumeGroupSnapshot;
+    assert_eq!(kinds, vec![Some(create_delete_get as i32)]);
+    // "CreateVolumeGroupSnapshot should fail when no name is provided".
+    let no_name = groups
+        .create_volume_group_snapshot(CreateVolumeGroupSnapshotRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(no_name.code(), Code::InvalidArgument);
+    // "GetVolumeGroupSnapshot should fail when no volume id is provided",
+    // "… when an invalid volume id is used".
+    let no_id = groups
+        .get_volume_group_snapshot(GetVolumeGroupSnapshotRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(no_id.code(), Code::InvalidArgument);
+    let invalid = GetVolumeGroupSnapshotRequest {
+        group_snapshot_id: "fake-vol-id".into(),
+        ..Default::default()
+    };
+    let unknown = groups.get_volume_group_snapshot(invalid).await.unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+    // "DeleteVolumeGroupSnapshot should fail when no volume id is
+    // provided", "… should succeed when an invalid volume id is used".
+    let no_id = groups
+        .delete_volume_group_snapshot(DeleteVolumeGroupSnapshotRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(no_id.code(), Code::InvalidArgument);
+    let invalid = DeleteVolumeGroupSnapshotRequest {
+        group_snapshot_id: "fake-vol-id".into(),
+        ..Default::default()
+    };
+    groups.delete_volume_group_snapshot(invalid).await.unwrap();
+}
