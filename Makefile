@@ -59,7 +59,7 @@ DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
 .PHONY: all build test demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper instance-types budget coverage deny sbom \
-	install install-files static image image-deps validate-deploy vm vm-deps
+	install install-files static image image-deps validate-deploy vm vm-deps repro-check
 
 all: build
 
@@ -113,7 +113,7 @@ test: deps moto
 	@# previous helper) did not run: that fails the run (tests/build.rs).
 	@if grep -E '\.\.\. ignored, needs ' $(TEST_LOG); then \
 	  echo "error: the tests above did not run (make test runs them as root with what they need)"; exit 1; fi
-	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy instance-types budget coverage deny image sbom
+	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy instance-types budget coverage deny image sbom repro-check
 
 ## previous-helper: the helper of the previous protocol version (3), built
 ## from its commit for tests/tests/helper_upgrade.rs (a rolling upgrade),
@@ -209,7 +209,8 @@ budget:
 ## must not be built from).
 sbom:
 	@command -v cargo-cyclonedx >/dev/null || $(CARGO) install --quiet --locked cargo-cyclonedx@0.5.9
-	python3 deploy/sbom.py $(IMAGE_DIR)
+	@command -v rust-audit-info >/dev/null || $(CARGO) install --quiet --locked rust-audit-info@0.5.4
+	python3 deploy/sbom.py $(IMAGE_DIR) $(STATIC_DIR)
 
 ## deny: cargo-deny's offline checks (licenses, bans, sources) against
 ## deny.toml; advisories need RustSec's database, which is not reachable.
@@ -230,10 +231,22 @@ instance-types: moto
 	$(VENV)/bin/python agent/data/generate.py | diff - agent/data/instance-types.tsv
 
 ## static: the three binaries statically linked, for the images, and the
-## scenario driver of the NVMe test VM (one build: one feature set).
+## scenario driver of the NVMe test VM (one build: one feature set); built
+## with cargo-auditable, so each carries its dependency list (read back by
+## rust-audit-info in `make sbom`).
 static:
-	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --release --target $(STATIC_TARGET) \
+	@command -v cargo-auditable >/dev/null || $(CARGO) install --quiet --locked cargo-auditable@0.7.7
+	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct)} \
+	RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$(CURDIR)=/ebs-csi --remap-path-prefix=$(abspath $(TARGET_DIR))=/target" \
+	  $(CARGO) auditable build --release --target $(STATIC_TARGET) \
 	  $(foreach b,$(BINARIES),-p $(b)) -p ebs-csi-tests $(foreach b,$(BINARIES) ebs-csi-vm-guest ebs-csi-vm-systemd,--bin $(b))
+
+## repro-check: the shipped binaries built again from a copy of the tree in
+## another directory, with a target directory of their own (cached outside
+## the clone); each must be bit for bit the same (deploy/repro-check.sh).
+REPRO_TARGET_DIR := $(abspath $(TARGET_DIR))/repro
+repro-check: static
+	deploy/repro-check.sh $(STATIC_DIR) $(REPRO_TARGET_DIR)
 
 ## vm: the kernel and initramfs of the NVMe test VM, the systemd VMs' root
 ## disks, and their payload disk (this build's binaries and units), under

@@ -10,8 +10,16 @@ The files are reproducible: the timestamp is the last commit's
 (SOURCE_DATE_EPOCH, which cargo-cyclonedx honours) and the clone's
 absolute path in the workspace crates' references is replaced by `.`.
 
-Usage: python3 deploy/sbom.py OUT_DIR   (from the repository's root)
-Writes OUT_DIR/<binary>.cdx.json; the images are built beside them.
+Each binary also carries its dependency list (built with cargo-auditable,
+`make static`); read back with rust-audit-info, it must agree with the
+SBOM: every crate linked in (cargo-auditable's `runtime` packages) is a
+component, and every component is in the list (proc macros are
+cargo-auditable's `build` packages: they run in the compiler, not in the
+binary).
+
+Usage: python3 deploy/sbom.py OUT_DIR BIN_DIR   (from the repository's root)
+Writes OUT_DIR/<binary>.cdx.json; the images are built beside them from
+the binaries in BIN_DIR.
 """
 
 import json
@@ -70,10 +78,34 @@ def check(out):
     return problems
 
 
+def check_audit_data(out, binaries):
+    """The dependency list each binary carries against its SBOM."""
+    problems = []
+    for binary in SHIPPED:
+        read = subprocess.run(["rust-audit-info", str(binaries / binary)], capture_output=True, text=True)
+        if read.returncode != 0:
+            problems.append(f"{binary}: no dependency list ({read.stderr.strip()})")
+            continue
+        packages = json.loads(read.stdout)["packages"]
+        roots = [p["name"] for p in packages if p.get("root")]
+        linked = {(p["name"], p["version"]) for p in packages if p.get("kind", "runtime") == "runtime" and not p.get("root")}
+        listed = {(p["name"], p["version"]) for p in packages}
+        sbom = json.loads((out / f"{binary}.cdx.json").read_text())
+        components = {(c["name"], c["version"]) for c in sbom["components"]}
+        if roots != [binary]:
+            problems.append(f"{binary}: its dependency list is of {roots}")
+        for name, version in sorted(linked - components):
+            problems.append(f"{binary}: links {name} {version}, which its SBOM leaves out")
+        for name, version in sorted(components - listed):
+            problems.append(f"{binary}: its SBOM names {name} {version}, which it is not built from")
+        print(f"{len(linked):4} crates linked, as the SBOM says  {binaries / binary}")
+    return problems
+
+
 def main():
     out = Path(sys.argv[1]).resolve()
     generate(out)
-    problems = check(out)
+    problems = check(out) + check_audit_data(out, Path(sys.argv[2]).resolve())
     for problem in problems:
         print(problem)
     if problems:

@@ -12,6 +12,7 @@
 # container engine or daemon needed).
 set -eu
 bin=$1 out=$2 version=$3
+revision=$(git rev-parse HEAD)
 export STORAGE_DRIVER=vfs BUILDAH_ISOLATION=chroot
 tools="blkid mkfs.ext2 mkfs.ext3 mkfs.ext4 mkfs.xfs xfs_growfs"
 mkdir -p "$out"
@@ -21,6 +22,7 @@ new_image() {
     c=$(buildah from --name "$1-build-$$" scratch)
     buildah config --label org.opencontainers.image.title="$1" \
         --label org.opencontainers.image.version="$version" \
+        --label org.opencontainers.image.revision="$revision" \
         --label org.opencontainers.image.source=https://github.com/ebs-csi/ebs-csi "$c"
     echo "$c"
 }

@@ -1,7 +1,7 @@
 #!/bin/sh
-# Runs every binary of the images built by build.sh with --help (and each
-# tool of the helper image with its version flag) under podman and runc,
-# and fails if any does not start.
+# Checks each image built by build.sh names this commit, and runs every
+# binary of the images with --help (and each tool of the helper image with
+# its version flag) under podman and runc; fails if any does not start.
 # Usage: check.sh IMAGE_DIR VERSION
 set -eu
 dir=$1 version=$2
@@ -30,6 +30,13 @@ tool_version() {
 }
 for image in ebs-csi ebs-csi-helper; do
     podman --storage-driver vfs load --quiet --input "$dir/$image.oci.tar" >/dev/null
+done
+# Each image names the commit it was built from.
+for image in ebs-csi ebs-csi-helper; do
+    label=$(podman --storage-driver vfs image inspect \
+        --format '{{index .Labels "org.opencontainers.image.revision"}}' "localhost/$image:$version")
+    [ "$label" = "$(git rev-parse HEAD)" ] || { echo "$image: revision label $label" >&2; exit 1; }
+    echo "ok: $image built from $label"
 done
 for b in ebs-csi-agent ebs-csi-controller ebs-csi-helper; do
     run ebs-csi "/usr/bin/$b" --help
