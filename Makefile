@@ -59,7 +59,7 @@ DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
 .PHONY: all build test demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper instance-types budget coverage deny sbom \
-	install install-files static image image-deps validate-deploy vm vm-deps repro-check
+	install install-files static image image-deps validate-deploy vm vm-deps repro-check docs
 
 all: build
 
@@ -113,7 +113,7 @@ test: deps moto
 	@# previous helper) did not run: that fails the run (tests/build.rs).
 	@if grep -E '\.\.\. ignored, needs ' $(TEST_LOG); then \
 	  echo "error: the tests above did not run (make test runs them as root with what they need)"; exit 1; fi
-	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy instance-types budget coverage deny image sbom repro-check
+	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy instance-types budget coverage deny image sbom repro-check docs
 
 ## previous-helper: the helper of the previous protocol version (3), built
 ## from its commit for tests/tests/helper_upgrade.rs (a rolling upgrade),
@@ -240,6 +240,14 @@ static:
 	RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$(CURDIR)=/ebs-csi --remap-path-prefix=$(abspath $(TARGET_DIR))=/target" \
 	  $(CARGO) auditable build --release --target $(STATIC_TARGET) \
 	  $(foreach b,$(BINARIES),-p $(b)) -p ebs-csi-tests $(foreach b,$(BINARIES) ebs-csi-vm-guest ebs-csi-vm-systemd,--bin $(b))
+
+## docs: docs/ as a browsable site under target/book (mdBook; the front
+## page takes README.md's introduction), every link between pages checked
+## offline (mdbook-linkcheck): a broken one fails the build.
+docs:
+	@command -v mdbook >/dev/null || $(CARGO) install --quiet --locked mdbook@0.4.52
+	@command -v mdbook-linkcheck >/dev/null || $(CARGO) install --quiet --locked mdbook-linkcheck@0.7.7
+	mdbook build
 
 ## repro-check: the shipped binaries built again from a copy of the tree in
 ## another directory, with a target directory of their own (cached outside
