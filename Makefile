@@ -52,6 +52,7 @@ PREFIX ?= /usr
 PROFILE ?= release
 BINDIR := $(PREFIX)/bin
 UNITDIR := $(PREFIX)/lib/systemd/system
+PRESETDIR := $(PREFIX)/lib/systemd/system-preset
 UDEVRULESDIR := $(PREFIX)/lib/udev/rules.d
 SYSUSERSDIR := $(PREFIX)/lib/sysusers.d
 TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
@@ -59,7 +60,8 @@ DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
 .PHONY: all build test demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper instance-types budget coverage deny sbom \
-	install install-files static image image-deps validate-deploy vm vm-deps repro-check docs
+	install install-files static image image-deps validate-deploy vm vm-deps repro-check docs \
+	deb rpm packages package-deps
 
 all: build
 
@@ -113,7 +115,7 @@ test: deps moto
 	@# previous helper) did not run: that fails the run (tests/build.rs).
 	@if grep -E '\.\.\. ignored, needs ' $(TEST_LOG); then \
 	  echo "error: the tests above did not run (make test runs them as root with what they need)"; exit 1; fi
-	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy instance-types budget coverage deny image sbom repro-check docs
+	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy instance-types budget coverage deny image sbom packages repro-check docs
 
 ## previous-helper: the helper of the previous protocol version (3), built
 ## from its commit for tests/tests/helper_upgrade.rs (a rolling upgrade),
@@ -207,7 +209,7 @@ budget:
 ## sbom: a CycloneDX SBOM of each shipped binary beside the images
 ## (deploy/sbom.py: reproducible, checked for what each binary must and
 ## must not be built from).
-sbom:
+sbom: static
 	@command -v cargo-cyclonedx >/dev/null || $(CARGO) install --quiet --locked cargo-cyclonedx@0.5.9
 	@command -v rust-audit-info >/dev/null || $(CARGO) install --quiet --locked rust-audit-info@0.5.4
 	python3 deploy/sbom.py $(IMAGE_DIR) $(STATIC_DIR)
@@ -216,6 +218,9 @@ sbom:
 ## deny.toml; advisories need RustSec's database, which is not reachable.
 deny:
 	@command -v cargo-deny >/dev/null || $(CARGO) install --quiet --locked cargo-deny@0.18.3
+	@# cargo metadata, which cargo-deny runs offline, needs every crate of
+	@# the lock file, those of other platforms too, which no build fetched.
+	$(CARGO) fetch --locked --quiet
 	$(CARGO) deny --offline --log-level error check licenses bans sources
 
 ## coverage: the requests' branch coverage by their tests over the fake
@@ -243,23 +248,26 @@ static:
 
 ## docs: docs/ as a browsable site under target/book (mdBook; the front
 ## page takes README.md's introduction), every link between pages checked
-## offline (mdbook-linkcheck): a broken one fails the build.
-docs:
+## offline (mdbook-linkcheck): a broken one fails the build; and the
+## reference pages' flags against the programs' (docs/check-flags.py).
+docs: build
 	@command -v mdbook >/dev/null || $(CARGO) install --quiet --locked mdbook@0.4.52
 	@command -v mdbook-linkcheck >/dev/null || $(CARGO) install --quiet --locked mdbook-linkcheck@0.7.7
 	mdbook build
+	python3 docs/check-flags.py $(TARGET_DIR)/debug
 
-## repro-check: the shipped binaries built again from a copy of the tree in
-## another directory, with a target directory of their own (cached outside
-## the clone); each must be bit for bit the same (deploy/repro-check.sh).
+## repro-check: the shipped binaries and the Debian packages built again
+## from a copy of the tree in another directory, with a target directory of
+## their own (cached outside the clone); each must be bit for bit the same
+## (deploy/repro-check.sh).
 REPRO_TARGET_DIR := $(abspath $(TARGET_DIR))/repro
-repro-check: static
-	deploy/repro-check.sh $(STATIC_DIR) $(REPRO_TARGET_DIR)
+repro-check: static deb
+	deploy/repro-check.sh $(STATIC_DIR) $(PACKAGE_DIR) $(REPRO_TARGET_DIR)
 
 ## vm: the kernel and initramfs of the NVMe test VM, the systemd VMs' root
 ## disks, and their payload disk (this build's binaries and units), under
 ## target/vm.
-vm: vm-deps static $(VM_DIR)/vmlinuz
+vm: vm-deps static deb $(VM_DIR)/vmlinuz
 	tests/vm/build-initramfs.sh $(STATIC_DIR) $(VM_DIR)/modules $(VM_DIR)/initramfs.gz
 	@mkdir -p $(VM_IMAGE_CACHE)
 	@for suite in $(SYSTEMD_SUITES); do \
@@ -271,7 +279,7 @@ vm: vm-deps static $(VM_DIR)/vmlinuz
 	  ln -sfn $$(realpath $$image) $(VM_DIR)/systemd-$$suite.img; \
 	done
 	rm -rf $(VM_DIR)/payload $(VM_DIR)/payload.img && mkdir -p $(VM_DIR)/payload
-	$(MAKE) --no-print-directory install-files DESTDIR=$(CURDIR)/$(VM_DIR)/payload/root BIN_SOURCE=$(STATIC_DIR)
+	cp $(PACKAGE_DIR)/*.deb $(VM_DIR)/payload/
 	install -m 0755 tests/vm/systemd-run $(VM_DIR)/payload/run
 	install -m 0755 $(STATIC_DIR)/ebs-csi-vm-systemd $(VM_DIR)/payload/
 	mke2fs -q -t ext4 -L ebs-csi-payload -d $(VM_DIR)/payload $(VM_DIR)/payload.img 512M
@@ -297,6 +305,26 @@ image: image-deps static
 	deploy/image/build.sh $(STATIC_DIR) $(IMAGE_DIR) $(VERSION)
 	deploy/image/check.sh $(IMAGE_DIR) $(VERSION)
 
+## deb, rpm: the Debian and RPM packages ebs-csi-node and ebs-csi-controller
+## of the static binaries, with their SBOMs, under target/packages
+## (deploy/package/build.py); packages: both, checked against each other
+## and by lintian (deploy/package/check.py).
+PACKAGE_DIR := target/packages
+PACKAGE_TOOLS := dpkg-dev lintian rpm
+package-deps:
+	$(call apt_install,$(PACKAGE_TOOLS))
+
+deb: package-deps static sbom
+	rm -f $(PACKAGE_DIR)/*.deb
+	python3 deploy/package/build.py deb $(STATIC_DIR) $(IMAGE_DIR) $(PACKAGE_DIR)
+
+rpm: package-deps static sbom
+	rm -f $(PACKAGE_DIR)/*.rpm
+	python3 deploy/package/build.py rpm $(STATIC_DIR) $(IMAGE_DIR) $(PACKAGE_DIR)
+
+packages: deb rpm
+	python3 deploy/package/check.py $(PACKAGE_DIR)
+
 ## install: binaries, systemd units, udev rule, sysusers.d and tmpfiles.d.
 install:
 	$(CARGO) build --profile $(PROFILE) $(foreach b,$(BINARIES),-p $(b)) --bins
@@ -306,13 +334,14 @@ install:
 ## BIN_SOURCE (the systemd VMs' payload takes the static ones).
 BIN_SOURCE ?= $(PROFILE_DIR)
 install-files:
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(UDEVRULESDIR) \
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PRESETDIR) $(DESTDIR)$(UDEVRULESDIR) \
 	  $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(DOCDIR)
 	install -m 0755 $(foreach b,$(BINARIES),$(BIN_SOURCE)/$(b)) $(DESTDIR)$(BINDIR)/
 	for u in systemd/*.service systemd/*.socket; do \
 	  sed 's|/usr/bin/|$(BINDIR)/|g' $$u > $(DESTDIR)$(UNITDIR)/$$(basename $$u); \
 	  chmod 0644 $(DESTDIR)$(UNITDIR)/$$(basename $$u); \
 	done
+	install -m 0644 systemd/80-ebs-csi-node.preset $(DESTDIR)$(PRESETDIR)/
 	install -m 0644 systemd/90-ebs-csi-nvme.rules $(DESTDIR)$(UDEVRULESDIR)/
 	install -m 0644 systemd/ebs-csi.sysusers $(DESTDIR)$(SYSUSERSDIR)/ebs-csi.conf
 	install -m 0644 systemd/ebs-csi.tmpfiles $(DESTDIR)$(TMPFILESDIR)/ebs-csi.conf

@@ -47,8 +47,10 @@ MUST_NOT = {
 
 
 def generate(out):
-    epoch = subprocess.run(["git", "log", "-1", "--format=%ct"], cwd=ROOT, check=True,
-                           capture_output=True, text=True).stdout.strip()
+    # As given (deploy/repro-check.sh builds in a copy that is no git
+    # repository), else the last commit's time.
+    epoch = os.environ.get("SOURCE_DATE_EPOCH") or subprocess.run(
+        ["git", "log", "-1", "--format=%ct"], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
     subprocess.run(["cargo", "cyclonedx", "-q", "--format", "json", "--spec-version", "1.5",
                     "--describe", "binaries", "--no-build-deps", "--target", TARGET],
                    cwd=ROOT, check=True, env=dict(os.environ, SOURCE_DATE_EPOCH=epoch))

@@ -23,7 +23,8 @@ new_image() {
     buildah config --label org.opencontainers.image.title="$1" \
         --label org.opencontainers.image.version="$version" \
         --label org.opencontainers.image.revision="$revision" \
-        --label org.opencontainers.image.source=https://github.com/ebs-csi/ebs-csi "$c"
+        --label org.opencontainers.image.source=https://github.com/ebs-csi/ebs-csi \
+        --label org.opencontainers.image.licenses=Apache-2.0 "$c"
     echo "$c"
 }
 

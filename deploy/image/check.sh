@@ -31,12 +31,16 @@ tool_version() {
 for image in ebs-csi ebs-csi-helper; do
     podman --storage-driver vfs load --quiet --input "$dir/$image.oci.tar" >/dev/null
 done
-# Each image names the commit it was built from.
+# Each image names the commit it was built from, its version and licence.
+# label IMAGE NAME: the image's org.opencontainers.image.NAME label.
+label() {
+    podman --storage-driver vfs image inspect \
+        --format "{{index .Labels \"org.opencontainers.image.$2\"}}" "localhost/$1:$version"
+}
 for image in ebs-csi ebs-csi-helper; do
-    label=$(podman --storage-driver vfs image inspect \
-        --format '{{index .Labels "org.opencontainers.image.revision"}}' "localhost/$image:$version")
-    [ "$label" = "$(git rev-parse HEAD)" ] || { echo "$image: revision label $label" >&2; exit 1; }
-    echo "ok: $image built from $label"
+    labels="$(label $image revision) $(label $image version) $(label $image licenses)"
+    [ "$labels" = "$(git rev-parse HEAD) $version Apache-2.0" ] || { echo "$image: labels $labels" >&2; exit 1; }
+    echo "ok: $image labelled $labels"
 done
 for b in ebs-csi-agent ebs-csi-controller ebs-csi-helper; do
     run ebs-csi "/usr/bin/$b" --help

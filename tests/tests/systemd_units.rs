@@ -169,6 +169,30 @@ fn make_install_lays_out_a_node_that_systemd_accepts() {
     args.extend(units.iter().map(|u| u.as_os_str()));
     let warnings = run_ok("systemd-analyze", &args);
     assert!(warnings.trim().is_empty(), "systemd-analyze verify:\n{warnings}");
+
+    // What the RPM's %post enables: `systemctl preset` with the shipped
+    // preset, beside the "disable *" that Fedora and Amazon Linux 2023 ship
+    // as 99-default-disable.preset: the helper's socket, nothing else.
+    let presets = usr.join("lib/systemd/system-preset");
+    std::fs::write(presets.join("99-default-disable.preset"), "disable *\n").unwrap();
+    let names: Vec<String> = units
+        .iter()
+        .map(|u| u.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let mut preset: Vec<&str> = vec!["preset", root_flag.as_str()];
+    preset.extend(names.iter().map(String::as_str));
+    run_ok(
+        "systemctl",
+        &preset.iter().map(AsRef::as_ref).collect::<Vec<&std::ffi::OsStr>>(),
+    );
+    let enabled: Vec<String> = ["sockets.target.wants", "multi-user.target.wants"]
+        .iter()
+        .filter_map(|wants| std::fs::read_dir(host_units.join(wants)).ok())
+        .flatten()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("ebs-csi"))
+        .collect();
+    assert_eq!(enabled, ["ebs-csi-helper.socket"], "enabled by the preset");
 }
 
 /// On a node where uid and gid 990 are another account's, systemd-sysusers

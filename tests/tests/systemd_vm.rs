@@ -1,7 +1,8 @@
 //! The shipped units under real systemd and real udev: a QEMU VM (TCG)
 //! per Debian suite, systemd 252 (bookworm) and 257 (trixie), boots with
-//! systemd as PID 1; its one own unit installs ebs-csi from a payload disk
-//! the way docs/install-systemd.md says and runs `ebs-csi-vm-systemd`,
+//! systemd as PID 1; its one own unit installs ebs-csi's Debian packages
+//! (`make deb`) from a payload disk with apt, as docs/install-systemd.md
+//! says, and runs `ebs-csi-vm-systemd`,
 //! whose scenarios drive the agent's CSI socket while EBS-style NVMe disks
 //! are hot-plugged through QMP.
 //!
@@ -31,7 +32,7 @@ const SUITE_LIMIT: Duration = Duration::from_secs(360);
 /// (seconds of guest uptime).
 const BOOT_LIMIT_SECONDS: f64 = 90.0;
 /// The scenarios `ebs-csi-vm-systemd` reports.
-const SCENARIOS: usize = 5;
+const SCENARIOS: usize = 7;
 
 #[test]
 #[cfg_attr(no_vm, ignore = "needs EBS_CSI_VM_DIR: make test sets it after make vm")]

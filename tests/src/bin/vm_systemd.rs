@@ -1,6 +1,6 @@
 //! `ebs-csi-vm-systemd`: the scenarios of a systemd test VM
 //! (`tests/tests/systemd_vm.rs`), run as root by the payload's `run` once
-//! ebs-csi is installed and its units enabled: systemd is PID 1,
+//! ebs-csi's Debian packages are installed and its units started: systemd is PID 1,
 //! systemd-udevd makes the device links, the helper and the agent run as
 //! the shipped units (with the VM's drop-ins for QEMU's NVMe identity and
 //! the missing instance metadata).
@@ -39,6 +39,10 @@ use tonic::transport::Channel;
 
 const HELPER: &str = "ebs-csi-helper.service";
 const AGENT: &str = "ebs-csi-agent.service";
+const CONTROLLER: &str = "ebs-csi-controller.service";
+/// The Debian packages the payload's `run` installed (`make deb`).
+const NODE_PACKAGE: &str = "ebs-csi-node";
+const CONTROLLER_PACKAGE: &str = "ebs-csi-controller";
 const CSI_SOCKET: &str = "/var/lib/kubelet/plugins/ebs.csi.aws.com/csi.sock";
 const HELPER_SOCKET: &str = "/run/ebs-csi/helper.sock";
 /// The agent's user and group (systemd/ebs-csi.sysusers).
@@ -77,6 +81,8 @@ async fn main() {
     udev_links_and_hot_plug(&mut node).await;
     agent_unprivileged_and_other_peers_refused();
     regressed_units_fail_these_checks(&mut node, systemd).await;
+    installed_and_upgraded_by_apt(&mut node).await;
+    purged_with_a_volume_staged(&mut node).await;
 }
 
 /// 1. Socket activation starts the helper on the agent's first call (the
@@ -417,6 +423,170 @@ async fn regressed_units_fail_these_checks(node: &mut NodeClient<Channel>, syste
 }
 
 /// Writes the drop-in `path` with one `[Service]` setting and reloads.
+/// 6. Installed by apt from the Debian packages: the helper's socket
+///    enabled as the preset says, every other unit disabled, the controller
+///    never started, every file as packaged (`dpkg --verify`). An upgrade —
+///    the package installed again, for which dpkg runs the maintainer
+///    scripts as for a newer version (`prerm upgrade`, `postinst configure
+///    <version>`) — restarts the helper and the agent and keeps a staged
+///    and published volume mounted with its data; the new helper and agent
+///    unpublish and unstage it.
+async fn installed_and_upgraded_by_apt(node: &mut NodeClient<Channel>) {
+    let enabled = [
+        ("ebs-csi-helper.socket", "enabled"),
+        ("ebs-csi-agent.socket", "disabled"),
+        (AGENT, "disabled"),
+        ("ebs-csi-registrar.service", "disabled"),
+        (CONTROLLER, "disabled"),
+    ];
+    for (unit, state) in enabled {
+        assert_eq!(is_enabled(unit), state, "{unit}");
+    }
+    let controller = show(CONTROLLER, &["ActiveState", "InactiveExitTimestampMonotonic"]);
+    assert_eq!(
+        (
+            controller["ActiveState"].as_str(),
+            controller["InactiveExitTimestampMonotonic"].as_str()
+        ),
+        ("inactive", "0"),
+        "the controller was started"
+    );
+    // The VM's image keeps no documentation (dpkg's path-exclude of
+    // /usr/share/doc, tests/vm/build-systemd-image.sh): dpkg reports those
+    // files missing, as it would on any such minimal image.
+    let verify = run("dpkg", &["--verify", NODE_PACKAGE, CONTROLLER_PACKAGE]);
+    let differ: Vec<&str> = verify.lines().filter(|l| !l.contains(" /usr/share/doc/")).collect();
+    assert_eq!(differ, Vec::<&str>::new(), "installed files differ from the packages'");
+    let (_, namespace) = wait_for_disk(&serial(VOLUME_A), Duration::ZERO).unwrap();
+    let (staging, target) = kubelet_paths(VOLUME_A);
+    stage(node, VOLUME_A, &staging).await.unwrap();
+    publish(node, VOLUME_A, &staging, &target).await;
+    std::fs::write(target.join("upgraded"), "written before the upgrade").unwrap();
+    let (helper, agent) = (helper_running().unwrap(), main_pid(AGENT));
+    let version = run("dpkg-query", &["-W", "-f", "${Version}", NODE_PACKAGE]);
+    apt(&["install", "--reinstall", &package_file(NODE_PACKAGE)]);
+    let device = device_number(&namespace);
+    for path in [&staging, &target] {
+        visible_on_the_host(path, device).unwrap();
+    }
+    assert_eq!(
+        std::fs::read_to_string(target.join("upgraded")).unwrap(),
+        "written before the upgrade"
+    );
+    let (new_helper, new_agent) = (helper_running().unwrap(), main_pid(AGENT));
+    assert!(
+        new_helper != helper && new_agent != agent,
+        "not restarted by the upgrade"
+    );
+    assert_eq!(is_enabled("ebs-csi-helper.socket"), "enabled");
+    *node = NodeClient::new(channel(Path::new(CSI_SOCKET)).await);
+    unpublish(node, VOLUME_A, &target).await;
+    unstage(node, VOLUME_A, &staging).await;
+    report(
+        6,
+        &format!(
+            "installed by apt: only the helper's socket enabled, the controller never started, dpkg --verify \
+             clean; upgraded ({version}) with {VOLUME_A} staged and published: helper {helper} → {new_helper}, \
+             agent {agent} → {new_agent}, mounts and data kept, unpublished and unstaged by the new ones"
+        ),
+    );
+}
+
+/// 7. Purged by apt with a volume staged: the units stopped and gone,
+///    nothing of ebs-csi running, its sockets, programs, enablement and
+///    deb-systemd-helper's records removed; the volume stays mounted with
+///    its data (removal unmounts nothing), and the users stay, as Debian
+///    leaves every system user a package made.
+async fn purged_with_a_volume_staged(node: &mut NodeClient<Channel>) {
+    let (_, namespace) = wait_for_disk(&serial(VOLUME_A), Duration::ZERO).unwrap();
+    let (staging, _) = kubelet_paths(VOLUME_A);
+    stage(node, VOLUME_A, &staging).await.unwrap();
+    std::fs::write(staging.join("purged"), "written before the purge").unwrap();
+    apt(&["purge", NODE_PACKAGE, CONTROLLER_PACKAGE]);
+    let units = [
+        HELPER,
+        "ebs-csi-helper.socket",
+        AGENT,
+        "ebs-csi-agent.socket",
+        "ebs-csi-registrar.service",
+        CONTROLLER,
+    ];
+    for unit in units {
+        assert_eq!(show(unit, &["LoadState"])["LoadState"], "not-found", "{unit}");
+    }
+    let running: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.starts_with("ebs-csi-") && !comm.starts_with("ebs-csi-vm"))
+        .collect();
+    assert_eq!(running, Vec::<String>::new(), "still running after the purge");
+    let gone = [
+        HELPER_SOCKET,
+        "/run/ebs-csi",
+        CSI_SOCKET,
+        "/usr/bin/ebs-csi-helper",
+        "/usr/bin/ebs-csi-agent",
+        "/usr/bin/ebs-csi-controller",
+        "/etc/systemd/system/sockets.target.wants/ebs-csi-helper.socket",
+        "/var/lib/systemd/deb-systemd-helper-enabled/ebs-csi-helper.socket.dsh-also",
+    ];
+    for path in gone {
+        assert!(!Path::new(path).exists(), "{path} is left after the purge");
+    }
+    let listed = Command::new("dpkg-query").args(["-W", NODE_PACKAGE]).output().unwrap();
+    assert!(!listed.status.success(), "{NODE_PACKAGE} is still known to dpkg");
+    visible_on_the_host(&staging, device_number(&namespace)).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(staging.join("purged")).unwrap(),
+        "written before the purge"
+    );
+    assert_eq!(run("id", &["-u", "ebs-csi-agent"]).trim(), AGENT_UID.to_string());
+    run("umount", &[&staging.display().to_string()]);
+    report(
+        7,
+        &format!(
+            "purged by apt with {VOLUME_A} staged: units, sockets, programs and enablement gone, nothing \
+             running; the volume still mounted with its data; user ebs-csi-agent kept"
+        ),
+    );
+}
+
+/// `systemctl is-enabled UNIT`'s answer (it exits 1 for `disabled`).
+fn is_enabled(unit: &str) -> String {
+    let out = Command::new("systemctl").args(["is-enabled", unit]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// apt-get with ARGS, quiet and non-interactive; fails the scenario on
+/// failure.
+fn apt(args: &[&str]) {
+    let out = Command::new("apt-get")
+        .args(["-y", "-qq", "--no-install-recommends"])
+        .args(args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "apt-get {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The path of PACKAGE's .deb on the payload disk (beside this program).
+fn package_file(package: &str) -> String {
+    let payload = std::env::current_exe().unwrap().parent().unwrap().to_owned();
+    let prefix = format!("{package}_");
+    let deb = std::fs::read_dir(&payload)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no {package} package in {}", payload.display()));
+    deb.display().to_string()
+}
+
 fn regress(path: &Path, setting: &str) {
     std::fs::write(path, format!("[Service]\n{setting}\n")).unwrap();
     run("systemctl", &["daemon-reload"]);
