@@ -300,9 +300,11 @@ $(VM_DIR)/vmlinuz: $(VM_DIR)/kernel.deb
 	rm -rf $(VM_DIR)/kernel
 
 ## image: the OCI images ebs-csi and ebs-csi-helper under target/image
-## (deploy/image/build.sh), then each binary's --help run inside them.
-image: image-deps static
+## (deploy/image/build.sh), a CycloneDX SBOM of each (deploy/image/sbom.py),
+## then each binary's --help run inside them.
+image: image-deps static sbom
 	deploy/image/build.sh $(STATIC_DIR) $(IMAGE_DIR) $(VERSION)
+	python3 deploy/image/sbom.py $(IMAGE_DIR) $(VERSION)
 	deploy/image/check.sh $(IMAGE_DIR) $(VERSION)
 
 ## deb, rpm: the Debian and RPM packages ebs-csi-node and ebs-csi-controller
