@@ -59,7 +59,7 @@ TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
-.PHONY: all build test demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper instance-types budget coverage deny sbom \
+.PHONY: all build test demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
 	install install-files static image image-deps validate-deploy vm vm-deps repro-check docs \
 	deb rpm packages package-deps
 
@@ -139,6 +139,20 @@ previous-helper:
 	    install -D -m 0755 $(PREVIOUS_HELPER_DIR)/target/debug/ebs-csi-helper $(PREVIOUS_HELPER) && \
 	    rm -rf $$src; \
 	  fi; \
+	fi
+
+## previous-package: the ebs-csi-node package of an earlier commit, for the
+## systemd VMs' upgrade from it (tests/src/bin/vm_systemd.rs, scenario 6),
+## made by that commit's own `make static deb` in repro-check's copy
+## directory, whose dependencies serve both (deploy/build-copy.sh); once,
+## cached by commit outside the clone.
+PREVIOUS_PACKAGE_COMMIT := f8fb0b9afca77e2a084d67a841c5945d54a471b4
+PREVIOUS_PACKAGE_DIR := $(abspath $(TARGET_DIR))/previous-package/$(PREVIOUS_PACKAGE_COMMIT)
+previous-package:
+	@if ! ls $(PREVIOUS_PACKAGE_DIR)/ebs-csi-node_*.deb >/dev/null 2>&1; then \
+	  deploy/build-copy.sh $(REPRO_TARGET_DIR) $(PREVIOUS_PACKAGE_COMMIT) static deb && \
+	  install -D -m 0644 -t $(PREVIOUS_PACKAGE_DIR) $(REPRO_TARGET_DIR)-tree/target/packages/ebs-csi-node_*.deb && \
+	  rm -rf $(REPRO_TARGET_DIR)-tree; \
 	fi
 
 ## bench: speed and footprint against baselines measured in the same run
@@ -256,18 +270,18 @@ docs: build
 	mdbook build
 	python3 docs/check-flags.py $(TARGET_DIR)/debug
 
-## repro-check: the shipped binaries and the Debian packages built again
-## from a copy of the tree in another directory, with a target directory of
-## their own (cached outside the clone); each must be bit for bit the same
-## (deploy/repro-check.sh).
+## repro-check: the shipped binaries, the Debian packages and the OCI
+## images built again from a copy of the tree in another directory, with a
+## target directory of their own (cached outside the clone); each must be
+## the same, bit for bit or by its image digest (deploy/repro-check.sh).
 REPRO_TARGET_DIR := $(abspath $(TARGET_DIR))/repro
-repro-check: static deb
-	deploy/repro-check.sh $(STATIC_DIR) $(PACKAGE_DIR) $(REPRO_TARGET_DIR)
+repro-check: static deb image
+	deploy/repro-check.sh $(STATIC_DIR) $(PACKAGE_DIR) $(IMAGE_DIR) $(REPRO_TARGET_DIR)
 
 ## vm: the kernel and initramfs of the NVMe test VM, the systemd VMs' root
 ## disks, and their payload disk (this build's binaries and units), under
 ## target/vm.
-vm: vm-deps static deb $(VM_DIR)/vmlinuz
+vm: vm-deps static deb previous-package $(VM_DIR)/vmlinuz
 	tests/vm/build-initramfs.sh $(STATIC_DIR) $(VM_DIR)/modules $(VM_DIR)/initramfs.gz
 	@mkdir -p $(VM_IMAGE_CACHE)
 	@for suite in $(SYSTEMD_SUITES); do \
@@ -280,6 +294,7 @@ vm: vm-deps static deb $(VM_DIR)/vmlinuz
 	done
 	rm -rf $(VM_DIR)/payload $(VM_DIR)/payload.img && mkdir -p $(VM_DIR)/payload
 	cp $(PACKAGE_DIR)/*.deb $(VM_DIR)/payload/
+	mkdir $(VM_DIR)/payload/previous && cp $(PREVIOUS_PACKAGE_DIR)/ebs-csi-node_*.deb $(VM_DIR)/payload/previous/
 	install -m 0755 tests/vm/systemd-run $(VM_DIR)/payload/run
 	install -m 0755 $(STATIC_DIR)/ebs-csi-vm-systemd $(VM_DIR)/payload/
 	mke2fs -q -t ext4 -L ebs-csi-payload -d $(VM_DIR)/payload $(VM_DIR)/payload.img 512M

@@ -1,45 +1,49 @@
 #!/bin/sh
-# Builds the shipped binaries and the Debian packages a second time, from a
-# copy of this tree in another directory and with a target directory of its
-# own, by the same `make static deb`, and fails unless each binary is bit
-# for bit the one BIN_DIR holds and each .deb the one PACKAGE_DIR holds.
-# Both builds take SOURCE_DATE_EPOCH (and the packages' changelog its
-# commit) from the last commit; `make static` remaps the tree's and the
-# target directory's paths, so neither directory's name reaches a binary.
-# Usage: repro-check.sh BIN_DIR PACKAGE_DIR REPRO_TARGET_DIR   (from the repository's root)
+# Builds the shipped binaries, the Debian packages and the OCI images with
+# their SBOMs a second time, from a copy of this tree in another directory
+# and with a target directory of its own, by the same `make static deb
+# image` (deploy/build-copy.sh), and fails unless each binary is bit for
+# bit the one BIN_DIR holds, each .deb the one PACKAGE_DIR holds, and each
+# image the one IMAGE_DIR holds: the same manifest digest (which names the
+# configuration and every layer by their digests; the OCI archive around
+# them records its own write times) and the same SBOM. Both builds take
+# SOURCE_DATE_EPOCH (and the packages' changelog and the images' revision
+# label its commit) from the last commit; `make static` remaps the tree's
+# and the target directory's paths, so neither directory's name reaches a
+# binary.
+# Usage: repro-check.sh BIN_DIR PACKAGE_DIR IMAGE_DIR REPRO_TARGET_DIR   (from the repository's root)
 set -eu
-bin=$1 packages=$2 target=$3
+bin=$1 packages=$2 images=$3 target=$4
 binaries="ebs-csi-agent ebs-csi-controller ebs-csi-helper"
-# The copy is no git repository: the last commit's time and id go with it.
-SOURCE_DATE_EPOCH=$(git log -1 --format=%ct)
-SOURCE_COMMIT=$(git log -1 --format=%H)
-export SOURCE_DATE_EPOCH SOURCE_COMMIT
-# The copy's path is the same each run (beside its target directory): it is
-# in the build's RUSTFLAGS (its remapping), and other flags would rebuild
-# every dependency.
 copy=$target-tree
-rm -rf "$copy" && mkdir -p "$copy"
 trap 'rm -rf "$copy"' EXIT
-# The tree as it is (tracked and new files, changes included), without
-# what git ignores (target/ among them).
-git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -x -C "$copy"
-make --no-print-directory -C "$copy" static deb CARGO_TARGET_DIR="$target"
+deploy/build-copy.sh "$target" worktree static deb image
 status=0
-# same WHAT FIRST SECOND: whether two files are bit for bit the same.
-same() {
-    first=$(sha256sum < "$2" | cut -d' ' -f1)
-    second=$(sha256sum < "$3" | cut -d' ' -f1)
-    if [ "$first" = "$second" ]; then
-        echo "reproducible: $1 $first"
+# equal WHAT FIRST SECOND: whether the two builds' digests of WHAT agree.
+equal() {
+    if [ "$2" = "$3" ]; then
+        echo "reproducible: $1 $2"
     else
-        echo "NOT reproducible: $1 $first (here) != $second (from $copy)" >&2
+        echo "NOT reproducible: $1 $2 (here) != $3 (from $copy)" >&2
         status=1
     fi
+}
+# same WHAT FIRST SECOND: whether two files are bit for bit the same.
+same() {
+    equal "$1" "$(sha256sum < "$2" | cut -d' ' -f1)" "$(sha256sum < "$3" | cut -d' ' -f1)"
+}
+# manifest ARCHIVE: the digest of the one image an OCI archive holds.
+manifest() {
+    tar -xOf "$1" index.json | python3 -c 'import json, sys; print(json.load(sys.stdin)["manifests"][0]["digest"])'
 }
 for b in $binaries; do
     same "$b" "$bin/$b" "$target/x86_64-unknown-linux-gnu/release/$b"
 done
 for deb in "$packages"/*.deb; do
     same "$(basename "$deb")" "$deb" "$copy/target/packages/$(basename "$deb")"
+done
+for image in ebs-csi ebs-csi-helper; do
+    equal "$image image" "$(manifest "$images/$image.oci.tar")" "$(manifest "$copy/target/image/$image.oci.tar")"
+    same "$image.oci.cdx.json" "$images/$image.oci.cdx.json" "$copy/target/image/$image.oci.cdx.json"
 done
 exit $status

@@ -9,10 +9,14 @@
 #                               from this build host's Debian packages
 # Usage: build.sh BIN_DIR OUT_DIR VERSION
 # Runs as root; uses the vfs storage driver and chroot isolation (no
-# container engine or daemon needed).
+# container engine or daemon needed). Reproducible: every time in the
+# images (their creation, their history, their files) is SOURCE_DATE_EPOCH
+# or the last commit's, and the revision label SOURCE_COMMIT or the last
+# commit (deploy/build-copy.sh builds in a copy that is no git repository).
 set -eu
 bin=$1 out=$2 version=$3
-revision=$(git rev-parse HEAD)
+revision=${SOURCE_COMMIT:-$(git rev-parse HEAD)}
+epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
 export STORAGE_DRIVER=vfs BUILDAH_ISOLATION=chroot
 tools="blkid mkfs.ext2 mkfs.ext3 mkfs.ext4 mkfs.xfs xfs_growfs"
 mkdir -p "$out"
@@ -31,7 +35,7 @@ new_image() {
 # commit CONTAINER NAME: export as OUT/NAME.oci.tar, tagged VERSION.
 commit() {
     rm -f "$out/$2.oci.tar"
-    buildah commit --quiet --format oci --rm "$1" "oci-archive:$out/$2.oci.tar:localhost/$2:$version" >/dev/null
+    buildah commit --quiet --format oci --timestamp "$epoch" --rm "$1" "oci-archive:$out/$2.oci.tar:localhost/$2:$version" >/dev/null
     echo "built $out/$2.oci.tar"
 }
 

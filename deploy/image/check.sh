@@ -1,5 +1,6 @@
 #!/bin/sh
-# Checks each image built by build.sh names this commit, and runs every
+# Checks each image built by build.sh names this commit (SOURCE_COMMIT,
+# else the last commit), and runs every
 # binary of the images with --help (and each tool of the helper image with
 # its version flag) under podman and runc; fails if any does not start.
 # Usage: check.sh IMAGE_DIR VERSION
@@ -39,7 +40,7 @@ label() {
 }
 for image in ebs-csi ebs-csi-helper; do
     labels="$(label $image revision) $(label $image version) $(label $image licenses)"
-    [ "$labels" = "$(git rev-parse HEAD) $version Apache-2.0" ] || { echo "$image: labels $labels" >&2; exit 1; }
+    [ "$labels" = "${SOURCE_COMMIT:-$(git rev-parse HEAD)} $version Apache-2.0" ] || { echo "$image: labels $labels" >&2; exit 1; }
     echo "ok: $image labelled $labels"
 done
 for b in ebs-csi-agent ebs-csi-controller ebs-csi-helper; do

@@ -1,6 +1,7 @@
 //! `ebs-csi-vm-systemd`: the scenarios of a systemd test VM
 //! (`tests/tests/systemd_vm.rs`), run as root by the payload's `run` once
-//! ebs-csi's Debian packages are installed and its units started: systemd is PID 1,
+//! ebs-csi's Debian packages are installed (the node's of the previous
+//! commit, which scenario 6 upgrades first) and its units started: systemd is PID 1,
 //! systemd-udevd makes the device links, the helper and the agent run as
 //! the shipped units (with the VM's drop-ins for QEMU's NVMe identity and
 //! the missing instance metadata).
@@ -76,12 +77,12 @@ async fn main() {
     println!("@@PLUG a {}", serial(VOLUME_A));
     println!("@@PLUG b {}", serial(VOLUME_B));
     let mut node = NodeClient::new(channel(Path::new(CSI_SOCKET)).await);
+    upgraded_from_the_previous_package(&mut node).await;
     units_run_sandboxed().await;
     visible_mounts_under_kubelet_modes(&mut node).await;
     udev_links_and_hot_plug(&mut node).await;
     agent_unprivileged_and_other_peers_refused();
     regressed_units_fail_these_checks(&mut node, systemd).await;
-    installed_and_upgraded_by_apt(&mut node).await;
     purged_with_a_volume_staged(&mut node).await;
 }
 
@@ -423,15 +424,61 @@ async fn regressed_units_fail_these_checks(node: &mut NodeClient<Channel>, syste
 }
 
 /// Writes the drop-in `path` with one `[Service]` setting and reloads.
-/// 6. Installed by apt from the Debian packages: the helper's socket
-///    enabled as the preset says, every other unit disabled, the controller
-///    never started, every file as packaged (`dpkg --verify`). An upgrade —
-///    the package installed again, for which dpkg runs the maintainer
-///    scripts as for a newer version (`prerm upgrade`, `postinst configure
-///    <version>`) — restarts the helper and the agent and keeps a staged
-///    and published volume mounted with its data; the new helper and agent
-///    unpublish and unstage it.
-async fn installed_and_upgraded_by_apt(node: &mut NodeClient<Channel>) {
+/// 6. Upgraded by apt from the previous commit's package (`make
+///    previous-package`), which the payload's `run` installed, with a
+///    volume staged and published by that package's helper and agent: dpkg
+///    runs the old package's `prerm upgrade` and this one's `postinst
+///    configure <old version>`, which restarts the helper and the agent;
+///    the mounts and their data stay, and the new helper and agent
+///    unpublish and unstage the volume. Then, as installed: the helper's
+///    socket enabled as the preset says, every other unit disabled, the
+///    controller never started, every file as packaged (`dpkg --verify`).
+///    Runs first, so that the other scenarios test this build, and stops
+///    the helper, as a boot would leave it, for scenario 1.
+async fn upgraded_from_the_previous_package(node: &mut NodeClient<Channel>) {
+    let previous = installed_version(NODE_PACKAGE);
+    let package = package_file(NODE_PACKAGE);
+    let version = run("dpkg-deb", &["--field", &package, "Version"]).trim().to_owned();
+    let older = Command::new("dpkg")
+        .args(["--compare-versions", &previous, "lt", &version])
+        .status()
+        .unwrap();
+    assert!(older.success(), "{previous} does not precede {version}");
+    let (_, namespace) = wait_for_disk(&serial(VOLUME_A), Duration::ZERO).unwrap();
+    let (staging, target) = kubelet_paths(VOLUME_A);
+    stage(node, VOLUME_A, &staging).await.unwrap();
+    publish(node, VOLUME_A, &staging, &target).await;
+    std::fs::write(target.join("upgraded"), "written before the upgrade").unwrap();
+    let (helper, agent) = (helper_running().unwrap(), main_pid(AGENT));
+    apt(&["install", &package]);
+    assert_eq!(installed_version(NODE_PACKAGE), version);
+    let device = device_number(&namespace);
+    for path in [&staging, &target] {
+        visible_on_the_host(path, device).unwrap();
+    }
+    assert_eq!(
+        std::fs::read_to_string(target.join("upgraded")).unwrap(),
+        "written before the upgrade"
+    );
+    let (new_helper, new_agent) = (helper_running().unwrap(), main_pid(AGENT));
+    assert!(
+        new_helper != helper && new_agent != agent,
+        "not restarted by the upgrade"
+    );
+    // The VM's drop-ins (the payload's `run`) were made from the previous
+    // package's units: they must still run what this one's units run.
+    for unit in [HELPER, AGENT] {
+        let shipped = std::fs::read_to_string(format!("/usr/lib/systemd/system/{unit}")).unwrap();
+        let shipped = shipped.lines().find_map(|l| l.strip_prefix("ExecStart=")).unwrap();
+        let dropin = std::fs::read_to_string(format!("/etc/systemd/system/{unit}.d/vm.conf")).unwrap();
+        assert!(
+            dropin.contains(&format!("ExecStart={shipped} ")),
+            "{unit}: the VM's drop-in runs other than {shipped}"
+        );
+    }
+    *node = NodeClient::new(channel(Path::new(CSI_SOCKET)).await);
+    unpublish(node, VOLUME_A, &target).await;
+    unstage(node, VOLUME_A, &staging).await;
     let enabled = [
         ("ebs-csi-helper.socket", "enabled"),
         ("ebs-csi-agent.socket", "disabled"),
@@ -457,37 +504,14 @@ async fn installed_and_upgraded_by_apt(node: &mut NodeClient<Channel>) {
     let verify = run("dpkg", &["--verify", NODE_PACKAGE, CONTROLLER_PACKAGE]);
     let differ: Vec<&str> = verify.lines().filter(|l| !l.contains(" /usr/share/doc/")).collect();
     assert_eq!(differ, Vec::<&str>::new(), "installed files differ from the packages'");
-    let (_, namespace) = wait_for_disk(&serial(VOLUME_A), Duration::ZERO).unwrap();
-    let (staging, target) = kubelet_paths(VOLUME_A);
-    stage(node, VOLUME_A, &staging).await.unwrap();
-    publish(node, VOLUME_A, &staging, &target).await;
-    std::fs::write(target.join("upgraded"), "written before the upgrade").unwrap();
-    let (helper, agent) = (helper_running().unwrap(), main_pid(AGENT));
-    let version = run("dpkg-query", &["-W", "-f", "${Version}", NODE_PACKAGE]);
-    apt(&["install", "--reinstall", &package_file(NODE_PACKAGE)]);
-    let device = device_number(&namespace);
-    for path in [&staging, &target] {
-        visible_on_the_host(path, device).unwrap();
-    }
-    assert_eq!(
-        std::fs::read_to_string(target.join("upgraded")).unwrap(),
-        "written before the upgrade"
-    );
-    let (new_helper, new_agent) = (helper_running().unwrap(), main_pid(AGENT));
-    assert!(
-        new_helper != helper && new_agent != agent,
-        "not restarted by the upgrade"
-    );
-    assert_eq!(is_enabled("ebs-csi-helper.socket"), "enabled");
-    *node = NodeClient::new(channel(Path::new(CSI_SOCKET)).await);
-    unpublish(node, VOLUME_A, &target).await;
-    unstage(node, VOLUME_A, &staging).await;
+    run("systemctl", &["stop", HELPER]);
     report(
         6,
         &format!(
-            "installed by apt: only the helper's socket enabled, the controller never started, dpkg --verify \
-             clean; upgraded ({version}) with {VOLUME_A} staged and published: helper {helper} → {new_helper}, \
-             agent {agent} → {new_agent}, mounts and data kept, unpublished and unstaged by the new ones"
+            "upgraded by apt from {previous} to {version} with {VOLUME_A} staged and published: helper \
+             {helper} → {new_helper}, agent {agent} → {new_agent}, mounts and data kept, unpublished and \
+             unstaged by the new ones; only the helper's socket enabled, the controller never started, \
+             dpkg --verify clean"
         ),
     );
 }
@@ -528,10 +552,16 @@ async fn purged_with_a_volume_staged(node: &mut NodeClient<Channel>) {
         "/usr/bin/ebs-csi-agent",
         "/usr/bin/ebs-csi-controller",
         "/etc/systemd/system/sockets.target.wants/ebs-csi-helper.socket",
-        "/var/lib/systemd/deb-systemd-helper-enabled/ebs-csi-helper.socket.dsh-also",
     ];
     for path in gone {
         assert!(!Path::new(path).exists(), "{path} is left after the purge");
+    }
+    for unit in units {
+        let recorded = Command::new("deb-systemd-helper")
+            .args(["debian-installed", unit])
+            .status()
+            .unwrap();
+        assert!(!recorded.success(), "deb-systemd-helper still records {unit}");
     }
     let listed = Command::new("dpkg-query").args(["-W", NODE_PACKAGE]).output().unwrap();
     assert!(!listed.status.success(), "{NODE_PACKAGE} is still known to dpkg");
@@ -549,6 +579,11 @@ async fn purged_with_a_volume_staged(node: &mut NodeClient<Channel>) {
              running; the volume still mounted with its data; user ebs-csi-agent kept"
         ),
     );
+}
+
+/// The version of PACKAGE dpkg has installed.
+fn installed_version(package: &str) -> String {
+    run("dpkg-query", &["-W", "-f", "${Version}", package])
 }
 
 /// `systemctl is-enabled UNIT`'s answer (it exits 1 for `disabled`).

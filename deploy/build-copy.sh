@@ -1,0 +1,37 @@
+#!/bin/sh
+# Runs `make TARGET...` (e.g. static deb) in a copy of a tree at
+# TARGET_DIR-tree, with TARGET_DIR as its target directory, and leaves the
+# copy there for the caller to read (e.g. its packages under
+# TARGET_DIR-tree/target/packages); the next call replaces it. The tree is
+# COMMIT's, or for `worktree` this working tree as it is (tracked and new
+# files, changes included, without what git ignores). The copy is no git
+# repository: COMMIT's (or the last commit's) time and id go with it as
+# SOURCE_DATE_EPOCH and SOURCE_COMMIT.
+#
+# The copy's path is the same on every call: `make static` puts it in the
+# build's RUSTFLAGS (its remapping), and other flags would rebuild every
+# dependency. A tree of another commit at the same path rebuilds only the
+# workspace's crates (deploy/repro-check.sh and make previous-package
+# share the dependencies this way).
+# Usage: build-copy.sh TARGET_DIR COMMIT|worktree TARGET...   (from the repository's root)
+set -eu
+target=$1 commit=$2
+shift 2
+[ "$commit" != worktree ] || commit=""
+copy=$target-tree
+if [ -n "$commit" ] && ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
+    # A shallow clone: fetch it, or fail.
+    git fetch --quiet origin "$commit" 2>/dev/null || true
+    git cat-file -e "$commit^{commit}" 2>/dev/null ||
+        { echo "error: commit $commit is not in this clone and cannot be fetched" >&2; exit 1; }
+fi
+SOURCE_DATE_EPOCH=$(git log -1 --format=%ct ${commit:+"$commit"})
+SOURCE_COMMIT=$(git log -1 --format=%H ${commit:+"$commit"})
+export SOURCE_DATE_EPOCH SOURCE_COMMIT
+rm -rf "$copy" && mkdir -p "$copy"
+if [ -n "$commit" ]; then
+    git archive "$commit" | tar -x -C "$copy"
+else
+    git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -x -C "$copy"
+fi
+make --no-print-directory -C "$copy" "$@" CARGO_TARGET_DIR="$target"
