@@ -28,6 +28,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import report
+import source
+
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = "x86_64-unknown-linux-gnu"
 # Each shipped binary and the package that builds it.
@@ -47,13 +50,9 @@ MUST_NOT = {
 
 
 def generate(out):
-    # As given (deploy/repro-check.sh builds in a copy that is no git
-    # repository), else the last commit's time.
-    epoch = os.environ.get("SOURCE_DATE_EPOCH") or subprocess.run(
-        ["git", "log", "-1", "--format=%ct"], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
     subprocess.run(["cargo", "cyclonedx", "-q", "--format", "json", "--spec-version", "1.5",
                     "--describe", "binaries", "--no-build-deps", "--target", TARGET],
-                   cwd=ROOT, check=True, env=dict(os.environ, SOURCE_DATE_EPOCH=epoch))
+                   cwd=ROOT, check=True, env=dict(os.environ, SOURCE_DATE_EPOCH=str(source.epoch())))
     out.mkdir(parents=True, exist_ok=True)
     for made in ROOT.glob("*/*_bin.cdx.json"):
         binary = made.name.removesuffix("_bin.cdx.json")
@@ -108,10 +107,7 @@ def main():
     out = Path(sys.argv[1]).resolve()
     generate(out)
     problems = check(out) + check_audit_data(out, Path(sys.argv[2]).resolve())
-    for problem in problems:
-        print(problem)
-    if problems:
-        sys.exit(f"{len(problems)} problem(s) in the SBOMs")
+    report.exit_on(problems, "problem(s) in the SBOMs")
 
 
 if __name__ == "__main__":

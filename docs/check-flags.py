@@ -13,6 +13,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# deploy/'s shared modules (report.py).
+sys.path.insert(0, str(ROOT / "deploy"))
+
+import report  # noqa: E402
 PAGES = {"ebs-csi-agent": "agent.md", "ebs-csi-helper": "helper.md", "ebs-csi-controller": "controller.md"}
 # clap's own flags, on every program.
 CLAP = {"--help", "--version"}
@@ -45,10 +49,7 @@ def main():
                             f"{sorted(docs - code)}")
         else:
             print(f"docs/reference/{page}: the {len(code)} flags of {program}")
-    for problem in problems:
-        print(problem)
-    if problems:
-        sys.exit(f"{len(problems)} reference page(s) differ from the programs' flags")
+    report.exit_on(problems, "reference page(s) differ from the programs' flags")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ IMAGE_DIR/<image>.oci.cdx.json, reproducible (SOURCE_DATE_EPOCH or the last
 commit's time).
 """
 
+import functools
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -20,6 +20,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+# deploy/'s shared modules (source.py, report.py).
+sys.path.insert(0, str(ROOT / "deploy"))
+
+import report  # noqa: E402
+import source  # noqa: E402
+
 IMAGES = ["ebs-csi", "ebs-csi-helper"]
 # The CA bundle is made by update-ca-certificates, which no package lists.
 MADE_BY = {"etc/ssl/certs/ca-certificates.crt": "ca-certificates"}
@@ -49,8 +55,13 @@ def debian_package(path):
             if found.returncode == 0:
                 name = found.stdout.split(":")[0].split(",")[0].strip()
                 break
-    if name is None:
-        return None
+    return None if name is None else installed(name)
+
+
+@functools.cache
+def installed(name):
+    """(name, version, architecture) of the installed package `name`, asked
+    of dpkg once per package (a tool's libraries share a few)."""
     fields = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${Version} ${Architecture}", name],
                             check=True, capture_output=True, text=True).stdout.split()
     return tuple(fields)
@@ -80,8 +91,7 @@ def components_of(image_dir, files):
 
 def main():
     image_dir, version = Path(sys.argv[1]), sys.argv[2]
-    epoch = int(os.environ.get("SOURCE_DATE_EPOCH") or subprocess.run(
-        ["git", "log", "-1", "--format=%ct"], cwd=ROOT, check=True, capture_output=True, text=True).stdout)
+    epoch = source.epoch()
     problems = []
     for image in IMAGES:
         files = image_files(image_dir / f"{image}.oci.tar")
@@ -101,10 +111,7 @@ def main():
         out = image_dir / f"{image}.oci.cdx.json"
         out.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
         print(f"{out}: {len(files)} files, {len(components)} components")
-    for problem in problems:
-        print(problem)
-    if problems:
-        sys.exit(f"{len(problems)} file(s) of the images in no SBOM")
+    report.exit_on(problems, "file(s) of the images in no SBOM")
 
 
 if __name__ == "__main__":

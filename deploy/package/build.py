@@ -35,6 +35,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+# deploy/'s shared modules (source.py, report.py).
+sys.path.insert(0, str(ROOT / "deploy"))
+
+import source  # noqa: E402
 HERE = ROOT / "deploy" / "package"
 MAINTAINER = "ebs-csi developers <ebs-csi@example.org>"
 # The documents `make install-files` places, moved to each package's own
@@ -91,18 +95,6 @@ def run(*args, **kwargs):
     return subprocess.run(args, check=True, capture_output=True, text=True, **kwargs).stdout.strip()
 
 
-def source_date_epoch():
-    """SOURCE_DATE_EPOCH as given (deploy/repro-check.sh builds in a copy
-    that is no git repository), else the last commit's time."""
-    given = os.environ.get("SOURCE_DATE_EPOCH")
-    return int(given) if given else int(run("git", "log", "-1", "--format=%ct", cwd=ROOT))
-
-
-def source_commit():
-    """SOURCE_COMMIT as given (deploy/repro-check.sh), else the last commit."""
-    return os.environ.get("SOURCE_COMMIT") or run("git", "log", "-1", "--format=%H", cwd=ROOT)
-
-
 def version(epoch):
     cargo = (ROOT / "Cargo.toml").read_text()
     workspace = re.search(r'^version = "([^"]+)"', cargo, re.MULTILINE).group(1)
@@ -152,7 +144,7 @@ def clamp_times(into, epoch):
 def changelog(package, ver, epoch):
     date = time.strftime("%a, %d %b %Y %H:%M:%S +0000", time.gmtime(epoch))
     return (f"{package.name} ({ver}) unstable; urgency=medium\n\n"
-            f"  * Built from commit {source_commit()}.\n\n -- {MAINTAINER}  {date}\n")
+            f"  * Built from commit {source.commit()}.\n\n -- {MAINTAINER}  {date}\n")
 
 
 def build_deb(package, root, ver, epoch, out):
@@ -216,7 +208,7 @@ def build_rpm(package, root, ver, epoch, out, work):
 
 def main():
     kind, bin_dir, sbom_dir, out = sys.argv[1], *(Path(a).resolve() for a in sys.argv[2:5])
-    epoch = source_date_epoch()
+    epoch = source.epoch()
     ver = version(epoch)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:

@@ -16,7 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from build import PACKAGES
+from build import PACKAGES, ROOT
+
+# deploy/'s shared modules (report.py).
+sys.path.insert(0, str(ROOT / "deploy"))
+
+import report  # noqa: E402
 
 # What only the .deb carries: its changelog and lintian's overrides.
 DEB_ONLY = {"usr/share/doc/{name}/changelog.gz", "usr/share/lintian/overrides/{name}"}
@@ -88,10 +93,7 @@ def main():
     print(lintian.stdout, end="")
     if lintian.returncode != 0:
         problems.append(f"lintian failed ({lintian.returncode}): {lintian.stderr.strip()}")
-    for problem in problems:
-        print(problem)
-    if problems:
-        sys.exit(f"{len(problems)} problem(s) in the packages")
+    report.exit_on(problems, "problem(s) in the packages")
 
 
 if __name__ == "__main__":

@@ -106,9 +106,13 @@ pub fn command(dir: &Path, memory_mib: u32) -> Command {
     qemu
 }
 
+/// [`Outcome::status`] of a guest that printed nothing for the rest of its
+/// time limit (stopped, then); the transcript's last line says so.
+pub const STOPPED_ANSWERING: i32 = -1;
+
 /// What a guest reported.
 pub struct Outcome {
-    /// The `@@EXIT` status.
+    /// The `@@EXIT` status, or [`STOPPED_ANSWERING`].
     pub status: i32,
     /// The `@@SCENARIO` lines, in order.
     pub scenarios: Vec<String>,
@@ -125,7 +129,7 @@ impl Outcome {
     /// Panics unless the guest exited 0 and reported scenarios 1 to `count`.
     pub fn assert_passed(&self, count: usize) {
         let console = self.transcript.join("\n");
-        assert_eq!(self.status, 0, "a scenario failed; console:\n{console}");
+        assert_eq!(self.status, 0, "the guest failed; its transcript:\n{console}");
         for n in 1..=count {
             assert!(
                 self.scenarios
@@ -139,7 +143,9 @@ impl Outcome {
 
 /// Runs `qemu` (from [`command`], with its guest's disks, kernel and the
 /// protocol port on stdio) and serves the guest's requests until it exits
-/// or `limit` passes; disk images for hot-plugged disks go to `dir`.
+/// or `limit` passes (then stopped, with status [`STOPPED_ANSWERING`], so
+/// that the caller can show what the guest's console says); disk images
+/// for hot-plugged disks go to `dir`.
 pub fn run_guest(mut qemu: Command, dir: &Path, limit: Duration) -> Outcome {
     let mut vm = qemu
         .stdin(Stdio::null())
@@ -163,8 +169,8 @@ pub fn run_guest(mut qemu: Command, dir: &Path, limit: Duration) -> Outcome {
         let line = match console.recv_timeout(limit.saturating_sub(start.elapsed())) {
             Ok(line) => line,
             Err(e) => {
-                stop(&mut vm);
-                panic!("the VM stopped answering ({e}); console:\n{}", transcript.join("\n"));
+                transcript.push(format!("(the VM stopped answering: {e})"));
+                break STOPPED_ANSWERING;
             }
         };
         transcript.push(line.clone());
@@ -192,7 +198,7 @@ pub fn run_guest(mut qemu: Command, dir: &Path, limit: Duration) -> Outcome {
     };
     let took = start.elapsed();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while vm.try_wait().unwrap().is_none() && Instant::now() < deadline {
+    while status != STOPPED_ANSWERING && vm.try_wait().unwrap().is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
     stop(&mut vm);

@@ -1,8 +1,10 @@
 //! The shipped units under real systemd and real udev: a QEMU VM (TCG)
 //! per Debian suite, systemd 252 (bookworm) and 257 (trixie), boots with
 //! systemd as PID 1; its one own unit installs ebs-csi's Debian packages
-//! (`make deb`) from a payload disk with apt, as docs/install-systemd.md
-//! says, and runs `ebs-csi-vm-systemd`,
+//! from a payload disk with apt, as docs/install-systemd.md says (the
+//! node's of an earlier commit, `make previous-package`, which the first
+//! scenario upgrades to this build's, `make deb`), and runs
+//! `ebs-csi-vm-systemd`,
 //! whose scenarios drive the agent's CSI socket while EBS-style NVMe disks
 //! are hot-plugged through QMP.
 //!
@@ -11,7 +13,9 @@
 //! `EBS_CSI_VM_DIR` to it. Built without the variable the tests are reported
 //! ignored with that reason; with it, missing files fail the test. Each
 //! suite's scenario lines, its boot time and its run time go to
-//! `report-<suite>.txt` there.
+//! `report-<suite>.txt` there; a suite that fails prints the end of the
+//! guest's console (kernel and systemd), a guest that stopped answering
+//! too.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
