@@ -475,6 +475,32 @@ mod tests {
         pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
     }
 
+    /// The keys the first column of docs/reference/parameters.md's
+    /// StorageClass table names (`tagSpecification_N` as `_1`).
+    fn documented_keys() -> Vec<String> {
+        include_str!("../../docs/reference/parameters.md")
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .flat_map(|l| l.split('|').nth(1).unwrap_or_default().split('`').skip(1).step_by(2))
+            .map(|key| key.replace("_N", "_1"))
+            .collect()
+    }
+
+    /// A key the reference names but the parser does not know would send
+    /// an operator to a StorageClass no volume can be made of.
+    #[test]
+    fn every_key_the_reference_names_is_known() {
+        let keys = documented_keys();
+        assert!(keys.len() >= 20, "{keys:?}");
+        for key in keys {
+            for value in ["1", "true", "gp3", "ext4", "team=storage"] {
+                if let Err(e) = volume(&map(&[(&key, value)])) {
+                    assert_ne!(e.to_string(), unknown(&key.to_ascii_lowercase()).to_string(), "{key}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn go_driver_spellings_are_taken() {
         let p = volume(&map(&[
