@@ -252,10 +252,15 @@ instance-types: moto
 ## static: the three binaries statically linked, for the images, and the
 ## scenario driver of the NVMe test VM (one build: one feature set); built
 ## with cargo-auditable, so each carries its dependency list (read back by
-## rust-audit-info in `make sbom`).
+## rust-audit-info in `make sbom`). The C compilers cc-rs runs for the
+## dependencies (aws-lc-sys) get SOURCE_DATE_EPOCH, and cc-rs builds them
+## again whenever it changes: it is the time of the last change to
+## Cargo.lock (LOCK_DATE_EPOCH as given by deploy/build-copy.sh, else from
+## git), not the commit's, so that a commit that changes no dependency
+## rebuilds none.
 static:
 	@command -v cargo-auditable >/dev/null || $(CARGO) install --quiet --locked cargo-auditable@0.7.7
-	SOURCE_DATE_EPOCH=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct)} \
+	SOURCE_DATE_EPOCH=$${LOCK_DATE_EPOCH:-$$(git log -1 --format=%ct -- Cargo.lock)} \
 	RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$(CURDIR)=/ebs-csi --remap-path-prefix=$(abspath $(TARGET_DIR))=/target" \
 	  $(CARGO) auditable build --release --target $(STATIC_TARGET) \
 	  $(foreach b,$(BINARIES),-p $(b)) -p ebs-csi-tests $(foreach b,$(BINARIES) ebs-csi-vm-guest ebs-csi-vm-systemd,--bin $(b))

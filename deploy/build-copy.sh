@@ -6,7 +6,8 @@
 # COMMIT's, or for `worktree` this working tree as it is (tracked and new
 # files, changes included, without what git ignores). The copy is no git
 # repository: COMMIT's (or the last commit's) time and id go with it as
-# SOURCE_DATE_EPOCH and SOURCE_COMMIT.
+# SOURCE_DATE_EPOCH and SOURCE_COMMIT, and the time of its last change to
+# Cargo.lock as LOCK_DATE_EPOCH.
 #
 # The copy's path is the same on every call: `make static` puts it in the
 # build's RUSTFLAGS (its remapping), and other flags would rebuild every
@@ -27,7 +28,9 @@ if [ -n "$commit" ] && ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
 fi
 SOURCE_DATE_EPOCH=$(git log -1 --format=%ct ${commit:+"$commit"})
 SOURCE_COMMIT=$(git log -1 --format=%H ${commit:+"$commit"})
-export SOURCE_DATE_EPOCH SOURCE_COMMIT
+# The C compilers' time in `make static`: the last change to Cargo.lock.
+LOCK_DATE_EPOCH=$(git log -1 --format=%ct ${commit:+"$commit"} -- Cargo.lock)
+export SOURCE_DATE_EPOCH SOURCE_COMMIT LOCK_DATE_EPOCH
 rm -rf "$copy" && mkdir -p "$copy"
 if [ -n "$commit" ]; then
     git archive "$commit" | tar -x -C "$copy"
