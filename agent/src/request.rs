@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use ebs_csi_helper_proto::{FormatOptions, FsType, VolumeId};
+use ebs_csi_proto::format_context;
 use ebs_csi_proto::v1::VolumeCapability;
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType};
@@ -125,7 +126,7 @@ pub fn capability(capability: Option<&VolumeCapability>) -> Result<Access, NodeE
 /// # Errors
 /// INVALID_ARGUMENT when a value is not a number (or `true`/`false`).
 pub fn format_options(context: &HashMap<String, String>) -> Result<FormatOptions, NodeError> {
-    FormatOptions::from_map(context).map_err(NodeError::InvalidArgument)
+    format_context::from_map(context).map_err(NodeError::InvalidArgument)
 }
 
 /// The Go driver's volume attribute that names a partition of the volume

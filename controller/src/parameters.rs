@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use ebs_csi_helper_proto::{FormatOptions, FsType};
+use ebs_csi_proto::format_context;
 
 use crate::ec2::{LockMode, SnapshotLock, Tags};
 use crate::error::ControllerError;
@@ -109,7 +110,7 @@ pub fn volume(parameters: &HashMap<String, String>) -> Result<VolumeParameters, 
                 p.tags
                     .insert(format!("{}{suffix}", tags::CREATED_FOR_PREFIX), (*value).clone());
             }
-            k if FormatOptions::is_key(k) => {}
+            k if format_context::is_key(k) => {}
             k if k.starts_with(tags::SPECIFICATION_PREFIX) => {
                 let (tag, tag_value) = tags::parse_specification(value, &fields)?;
                 p.tags.insert(tag, tag_value);
@@ -125,7 +126,7 @@ pub fn volume(parameters: &HashMap<String, String>) -> Result<VolumeParameters, 
     if p.allow_iops_increase_on_modify {
         p.tags.insert(tags::AUTO_IOPS_ON_MODIFY.to_owned(), "true".to_owned());
     }
-    p.format = FormatOptions::from_map(parameters).map_err(ControllerError::InvalidArgument)?;
+    p.format = format_context::from_map(parameters).map_err(ControllerError::InvalidArgument)?;
     p.format
         .validate(p.fs_type.unwrap_or(FsType::Ext4))
         .map_err(ControllerError::InvalidArgument)?;

@@ -2,6 +2,7 @@
 //! ControllerGetVolume and ListVolumes.
 
 use ebs_csi_helper_proto::{FormatOptions, FsType};
+use ebs_csi_proto::format_context;
 use ebs_csi_proto::v1::controller_get_volume_response;
 use ebs_csi_proto::v1::list_volumes_response;
 use ebs_csi_proto::v1::validate_volume_capabilities_response::Confirmed;
@@ -317,7 +318,7 @@ impl<E: Ec2> ControllerService<E> {
         };
         tracing::info!(volume_id = %volume.id, name, zone = %volume.zone, size_gib, made_here, "volume created");
         let volume = self.wait_usable(name, volume, made_here).await?;
-        let mut context = p.format.to_context();
+        let mut context = format_context::to_context(&p.format);
         if let Some(fs) = p.fs_type {
             context.insert("csi.storage.k8s.io/fstype".to_owned(), fs.name().to_owned());
         }

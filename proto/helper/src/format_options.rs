@@ -1,8 +1,8 @@
 //! Formatting options: the Go driver's StorageClass parameters, carried in
-//! a volume's `volume_context` from the controller to the node, and to the
-//! helper in a Stage request.
+//! a volume's `volume_context` from the controller to the node (read and
+//! written there by `ebs_csi_proto::format_context`, which the helper does
+//! not link), and to the helper in a Stage request.
 
-use std::collections::HashMap;
 use std::ops::RangeInclusive;
 
 use serde::{Deserialize, Serialize};
@@ -34,76 +34,7 @@ pub struct FormatOptions {
     pub ext4_encryption: bool,
 }
 
-/// The `volume_context` keys, lowercase as the Go driver's controller
-/// writes them (its node and ours read them case-insensitively).
-const KEYS: [&str; 7] = [
-    "blocksize",
-    "inodesize",
-    "bytesperinode",
-    "numberofinodes",
-    "ext4bigalloc",
-    "ext4clustersize",
-    "ext4encryptionsupport",
-];
-
 impl FormatOptions {
-    /// Whether `key` names a formatting option (case-insensitive).
-    pub fn is_key(key: &str) -> bool {
-        KEYS.contains(&key.to_ascii_lowercase().as_str())
-    }
-
-    /// Reads the options from a map (StorageClass parameters or a volume
-    /// context), matching keys case-insensitively and ignoring other keys.
-    ///
-    /// # Errors
-    /// A message naming the key whose value is not a number (or
-    /// `true`/`false` for `ext4BigAlloc`).
-    pub fn from_map(map: &HashMap<String, String>) -> Result<Self, String> {
-        let mut options = Self::default();
-        for (key, value) in map {
-            let number = || {
-                value
-                    .parse::<u32>()
-                    .map_err(|_| format!("{key}={value:?} is not a number"))
-            };
-            match key.to_ascii_lowercase().as_str() {
-                "blocksize" => options.block_size = Some(number()?),
-                "inodesize" => options.inode_size = Some(number()?),
-                "bytesperinode" => options.bytes_per_inode = Some(number()?),
-                "numberofinodes" => options.number_of_inodes = Some(u64::from(number()?)),
-                "ext4clustersize" => options.ext4_cluster_size = Some(number()?),
-                "ext4bigalloc" => options.ext4_bigalloc = boolean(key, value)?,
-                "ext4encryptionsupport" => options.ext4_encryption = boolean(key, value)?,
-                _ => {}
-            }
-        }
-        Ok(options)
-    }
-
-    /// The options as `volume_context` entries (only those that are set).
-    pub fn to_context(&self) -> HashMap<String, String> {
-        let values = [
-            self.block_size.map(u64::from),
-            self.inode_size.map(u64::from),
-            self.bytes_per_inode.map(u64::from),
-            self.number_of_inodes,
-            self.ext4_bigalloc.then_some(1),
-            self.ext4_cluster_size.map(u64::from),
-            self.ext4_encryption.then_some(1),
-        ];
-        KEYS.iter()
-            .zip(values)
-            .filter_map(|(key, value)| {
-                let text = if matches!(*key, "ext4bigalloc" | "ext4encryptionsupport") {
-                    "true".to_owned()
-                } else {
-                    value?.to_string()
-                };
-                value.map(|_| ((*key).to_owned(), text))
-            })
-            .collect()
-    }
-
     /// Checks the options against `fs`: each value in the range its tool
     /// accepts (mke2fs(8), mkfs.xfs(8)), ext-only options refused for XFS,
     /// bigalloc options for ext4 only.
@@ -159,44 +90,9 @@ impl FormatOptions {
     }
 }
 
-fn boolean(key: &str, value: &str) -> Result<bool, String> {
-    value
-        .parse::<bool>()
-        .map_err(|_| format!("{key}={value:?} is not true or false"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
-    }
-
-    #[test]
-    fn reads_keys_case_insensitively_and_round_trips_the_context() {
-        let options = FormatOptions::from_map(&map(&[
-            ("blockSize", "4096"),
-            ("INODESIZE", "512"),
-            ("ext4BigAlloc", "true"),
-            ("type", "gp3"),
-        ]))
-        .unwrap();
-        assert_eq!(
-            options,
-            FormatOptions {
-                block_size: Some(4096),
-                inode_size: Some(512),
-                ext4_bigalloc: true,
-                ..Default::default()
-            }
-        );
-        assert_eq!(FormatOptions::from_map(&options.to_context()).unwrap(), options);
-        assert_eq!(options.to_context().get("blocksize").map(String::as_str), Some("4096"));
-        assert!(FormatOptions::from_map(&map(&[("blocksize", "4k")])).is_err());
-        assert!(FormatOptions::from_map(&map(&[("ext4bigalloc", "yes")])).is_err());
-        assert!(FormatOptions::is_key("numberOfInodes") && !FormatOptions::is_key("type"));
-    }
 
     #[test]
     fn refuses_values_outside_the_tools_limits() {
@@ -278,6 +174,5 @@ mod tests {
             ..Default::default()
         };
         good.validate(FsType::Ext4).unwrap();
-        assert_eq!(FormatOptions::from_map(&good.to_context()).unwrap(), good);
     }
 }
