@@ -145,7 +145,9 @@ previous-helper:
 ## systemd VMs' upgrade from it (tests/src/bin/vm_systemd.rs, scenario 6),
 ## made by that commit's own `make static deb` in repro-check's copy
 ## directory, whose dependencies serve both (deploy/build-copy.sh); once,
-## cached by commit outside the clone.
+## cached by commit outside the clone. Move the commit forward when a
+## change to the packages should be crossed by an upgrade (the test needs it
+## older than this build's: its package version is the commit's time).
 PREVIOUS_PACKAGE_COMMIT := f8fb0b9afca77e2a084d67a841c5945d54a471b4
 PREVIOUS_PACKAGE_DIR := $(abspath $(TARGET_DIR))/previous-package/$(PREVIOUS_PACKAGE_COMMIT)
 previous-package:
@@ -284,7 +286,8 @@ repro-check: static deb image
 	deploy/repro-check.sh $(STATIC_DIR) $(PACKAGE_DIR) $(IMAGE_DIR) $(REPRO_TARGET_DIR)
 
 ## vm: the kernel and initramfs of the NVMe test VM, the systemd VMs' root
-## disks, and their payload disk (this build's binaries and units), under
+## disks, and their payload disk (this build's Debian packages, the node's
+## package of PREVIOUS_PACKAGE_COMMIT and the scenario driver), under
 ## target/vm.
 vm: vm-deps static deb previous-package $(VM_DIR)/vmlinuz
 	tests/vm/build-initramfs.sh $(STATIC_DIR) $(VM_DIR)/modules $(VM_DIR)/initramfs.gz
