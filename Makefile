@@ -128,17 +128,12 @@ PREVIOUS_HELPER_DIR := $(abspath $(TARGET_DIR))/previous-helper
 PREVIOUS_HELPER := $(PREVIOUS_HELPER_DIR)/$(PREVIOUS_HELPER_COMMIT)/ebs-csi-helper
 previous-helper:
 	@if [ ! -x $(PREVIOUS_HELPER) ]; then \
-	  git cat-file -e $(PREVIOUS_HELPER_COMMIT)^{commit} 2>/dev/null || \
-	    git fetch --quiet origin $(PREVIOUS_HELPER_COMMIT) 2>/dev/null || true; \
-	  if ! git cat-file -e $(PREVIOUS_HELPER_COMMIT)^{commit} 2>/dev/null; then \
-	    echo "error: commit $(PREVIOUS_HELPER_COMMIT) is not in this clone and cannot be fetched"; exit 1; \
-	  else \
-	    src=$$(mktemp -d) && git archive $(PREVIOUS_HELPER_COMMIT) | tar -x -C $$src && \
-	    CARGO_TARGET_DIR=$(PREVIOUS_HELPER_DIR)/target $(CARGO) build --quiet \
-	      --manifest-path $$src/Cargo.toml -p ebs-csi-helper --bin ebs-csi-helper && \
-	    install -D -m 0755 $(PREVIOUS_HELPER_DIR)/target/debug/ebs-csi-helper $(PREVIOUS_HELPER) && \
-	    rm -rf $$src; \
-	  fi; \
+	  deploy/need-commit.sh $(PREVIOUS_HELPER_COMMIT) && \
+	  src=$$(mktemp -d) && git archive $(PREVIOUS_HELPER_COMMIT) | tar -x -C $$src && \
+	  CARGO_TARGET_DIR=$(PREVIOUS_HELPER_DIR)/target $(CARGO) build --quiet \
+	    --manifest-path $$src/Cargo.toml -p ebs-csi-helper --bin ebs-csi-helper && \
+	  install -D -m 0755 $(PREVIOUS_HELPER_DIR)/target/debug/ebs-csi-helper $(PREVIOUS_HELPER) && \
+	  rm -rf $$src; \
 	fi
 
 ## previous-package: the ebs-csi-node package of an earlier commit, for the

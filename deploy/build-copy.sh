@@ -20,12 +20,7 @@ target=$1 commit=$2
 shift 2
 [ "$commit" != worktree ] || commit=""
 copy=$target-tree
-if [ -n "$commit" ] && ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
-    # A shallow clone: fetch it, or fail.
-    git fetch --quiet origin "$commit" 2>/dev/null || true
-    git cat-file -e "$commit^{commit}" 2>/dev/null ||
-        { echo "error: commit $commit is not in this clone and cannot be fetched" >&2; exit 1; }
-fi
+[ -z "$commit" ] || deploy/need-commit.sh "$commit"
 SOURCE_DATE_EPOCH=$(git log -1 --format=%ct ${commit:+"$commit"})
 SOURCE_COMMIT=$(git log -1 --format=%H ${commit:+"$commit"})
 # The C compilers' time in `make static`: the last change to Cargo.lock.

@@ -34,7 +34,7 @@ same() {
 }
 # manifest ARCHIVE: the digest of the one image an OCI archive holds.
 manifest() {
-    tar -xOf "$1" index.json | python3 -c 'import json, sys; print(json.load(sys.stdin)["manifests"][0]["digest"])'
+    python3 deploy/image/sbom.py --digest "$1"
 }
 for b in $binaries; do
     same "$b" "$bin/$b" "$target/x86_64-unknown-linux-gnu/release/$b"

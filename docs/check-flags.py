@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "deploy"))
 
 import report  # noqa: E402
+
 PAGES = {"ebs-csi-agent": "agent.md", "ebs-csi-helper": "helper.md", "ebs-csi-controller": "controller.md"}
 # clap's own flags, on every program.
 CLAP = {"--help", "--version"}

@@ -6,6 +6,7 @@ copies the tools, their libraries and the CA bundle from the host), with
 its version and purl. A file that is neither fails the build.
 
 Usage: python3 deploy/image/sbom.py IMAGE_DIR VERSION   (from the repository's root)
+       python3 deploy/image/sbom.py --digest ARCHIVE   (prints its image's manifest digest)
 Reads IMAGE_DIR/<image>.oci.tar and IMAGE_DIR/<binary>.cdx.json; writes
 IMAGE_DIR/<image>.oci.cdx.json, reproducible (SOURCE_DATE_EPOCH or the last
 commit's time).
@@ -31,12 +32,16 @@ IMAGES = ["ebs-csi", "ebs-csi-helper"]
 MADE_BY = {"etc/ssl/certs/ca-certificates.crt": "ca-certificates"}
 
 
+def manifest_digest(oci):
+    """The digest ("sha256:…") of the one image an open OCI archive holds."""
+    return json.load(oci.extractfile("index.json"))["manifests"][0]["digest"]
+
+
 def image_files(archive):
     """The paths of the regular files and symlinks in an OCI archive's layers."""
     paths = set()
     with tarfile.open(archive) as oci:
-        index = json.load(oci.extractfile("index.json"))
-        manifest = json.load(oci.extractfile("blobs/sha256/" + index["manifests"][0]["digest"].split(":")[1]))
+        manifest = json.load(oci.extractfile("blobs/sha256/" + manifest_digest(oci).split(":")[1]))
         for layer in manifest["layers"]:
             blob = oci.extractfile("blobs/sha256/" + layer["digest"].split(":")[1])
             with tarfile.open(fileobj=blob, mode="r:*") as files:
@@ -90,6 +95,10 @@ def components_of(image_dir, files):
 
 
 def main():
+    if sys.argv[1] == "--digest":
+        with tarfile.open(sys.argv[2]) as oci:
+            print(manifest_digest(oci))
+        return
     image_dir, version = Path(sys.argv[1]), sys.argv[2]
     epoch = source.epoch()
     problems = []

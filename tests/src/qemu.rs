@@ -110,9 +110,14 @@ pub fn command(dir: &Path, memory_mib: u32) -> Command {
 /// time limit (stopped, then); the transcript's last line says so.
 pub const STOPPED_ANSWERING: i32 = -1;
 
+/// [`Outcome::status`] of a QEMU that exited before its guest printed
+/// `@@EXIT` (a guest that powered off or crashed, or QEMU itself failing,
+/// whose message is on stderr); the transcript's last line says so.
+pub const QEMU_EXITED: i32 = -2;
+
 /// What a guest reported.
 pub struct Outcome {
-    /// The `@@EXIT` status, or [`STOPPED_ANSWERING`].
+    /// The `@@EXIT` status, [`STOPPED_ANSWERING`] or [`QEMU_EXITED`].
     pub status: i32,
     /// The `@@SCENARIO` lines, in order.
     pub scenarios: Vec<String>,
@@ -144,7 +149,8 @@ impl Outcome {
 /// Runs `qemu` (from [`command`], with its guest's disks, kernel and the
 /// protocol port on stdio) and serves the guest's requests until it exits
 /// or `limit` passes (then stopped, with status [`STOPPED_ANSWERING`], so
-/// that the caller can show what the guest's console says); disk images
+/// that the caller can show what the guest's console says; a QEMU that
+/// exits first gives [`QEMU_EXITED`]); disk images
 /// for hot-plugged disks go to `dir`.
 pub fn run_guest(mut qemu: Command, dir: &Path, limit: Duration) -> Outcome {
     let mut vm = qemu
@@ -168,9 +174,13 @@ pub fn run_guest(mut qemu: Command, dir: &Path, limit: Duration) -> Outcome {
     let status = loop {
         let line = match console.recv_timeout(limit.saturating_sub(start.elapsed())) {
             Ok(line) => line,
-            Err(e) => {
-                transcript.push(format!("(the VM stopped answering: {e})"));
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                transcript.push(format!("(the VM printed nothing more for {limit:?} from its start)"));
                 break STOPPED_ANSWERING;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                transcript.push("(QEMU exited before the guest printed @@EXIT)".into());
+                break QEMU_EXITED;
             }
         };
         transcript.push(line.clone());
