@@ -135,6 +135,7 @@ struct State {
     calls: HashMap<Step, usize>,
     failures: Vec<(Step, usize, HelperError)>,
     meanwhile: Vec<(Step, usize, Meanwhile)>,
+    afterwards: Vec<(Step, usize, Meanwhile)>,
     owners: Vec<((DeviceNumber, u64), u32)>,
 }
 
@@ -197,6 +198,12 @@ impl Fake {
         self.lock().meanwhile.push((step, nth, Box::new(meanwhile)));
     }
 
+    /// Runs `meanwhile` right after the `nth` call (from 0) of `step` has
+    /// made its change, before the helper goes on.
+    pub fn after(&self, step: Step, nth: usize, meanwhile: impl FnOnce(&Self) + Send + 'static) {
+        self.lock().afterwards.push((step, nth, Box::new(meanwhile)));
+    }
+
     /// Makes `path` owned by `uid` in what `inspect` answers.
     pub fn chown(&self, path: &std::path::Path, uid: u32) {
         let real = std::fs::symlink_metadata(path).unwrap();
@@ -253,15 +260,18 @@ impl Fake {
     }
 
     /// Counts a call of `step`, running what happens meanwhile first; its
-    /// scripted failure, if any.
-    fn call(&self, step: Step) -> Result<MutexGuard<'_, State>, HelperError> {
-        let (nth, meanwhile) = {
+    /// scripted failure, if any, or the state to change, with what happens
+    /// afterwards run once the call lets it go.
+    fn call(&self, step: Step) -> Result<Call<'_>, HelperError> {
+        let (nth, meanwhile, afterwards) = {
             let mut state = self.lock();
             let count = state.calls.entry(step).or_default();
             let nth = *count;
             *count += 1;
-            let at = state.meanwhile.iter().position(|(s, n, _)| *s == step && *n == nth);
-            (nth, at.map(|i| state.meanwhile.remove(i).2))
+            let at = |hooks: &[(Step, usize, Meanwhile)]| hooks.iter().position(|(s, n, _)| *s == step && *n == nth);
+            let meanwhile = at(&state.meanwhile).map(|i| state.meanwhile.remove(i).2);
+            let afterwards = at(&state.afterwards).map(|i| state.afterwards.remove(i).2);
+            (nth, meanwhile, afterwards)
         };
         if let Some(meanwhile) = meanwhile {
             meanwhile(self);
@@ -269,7 +279,42 @@ impl Fake {
         let mut state = self.lock();
         match state.failures.iter().position(|(s, n, _)| *s == step && *n == nth) {
             Some(i) => Err(state.failures.remove(i).2),
-            None => Ok(state),
+            None => Ok(Call {
+                fake: self,
+                state: Some(state),
+                afterwards,
+            }),
+        }
+    }
+}
+
+/// A call of the seam in progress: the fake's state, locked, and what
+/// happens once the call is done with it ([`Fake::after`]).
+struct Call<'a> {
+    fake: &'a Fake,
+    state: Option<MutexGuard<'a, State>>,
+    afterwards: Option<Meanwhile>,
+}
+
+impl std::ops::Deref for Call<'_> {
+    type Target = State;
+
+    fn deref(&self) -> &State {
+        self.state.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Call<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.state.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        drop(self.state.take());
+        if let Some(afterwards) = self.afterwards.take() {
+            afterwards(self.fake);
         }
     }
 }

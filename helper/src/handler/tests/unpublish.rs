@@ -3,7 +3,7 @@
 use ebs_csi_helper_proto::{Reply, Request, UnpublishRequest};
 
 use super::World;
-use super::fake::Action;
+use super::fake::{Action, Step};
 use crate::error::PathRefusal;
 
 fn unpublish(path: &str) -> Request {
@@ -28,6 +28,21 @@ fn a_published_volume_is_unmounted_and_its_mount_point_removed() {
         assert!(!std::path::Path::new(&target).exists());
         assert_eq!(world.handle(unpublish(&target)), Ok(Reply::Done), "missing");
     }
+}
+
+#[test]
+fn a_mount_point_removed_by_someone_else_right_after_its_unmount_is_done() {
+    let world = World::staged();
+    let target = world.target();
+    world.handle(Request::Publish(world.publish_request(false))).unwrap();
+    world.fake.forget();
+    let removed = target.clone();
+    world
+        .fake
+        .after(Step::Unmount, 0, move |_| std::fs::remove_dir(&removed).unwrap());
+    assert_eq!(world.handle(unpublish(&target)), Ok(Reply::Done));
+    assert_eq!(world.fake.actions(), [Action::Unmount { target: target.clone() }]);
+    assert!(world.fake.mounted().iter().all(|(point, ..)| *point != target));
 }
 
 #[test]
