@@ -10,112 +10,126 @@
 //! it, mkfs writes it), and for `xfs_growfs` the verified mount's root —
 //! and nothing else.
 
-use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 
+use landlock::{ABI, Access, AccessFs, BitFlags, PathBeneath, Ruleset, RulesetAttr, RulesetCreatedAttr};
 use rustix::fs::{Mode, OFlags};
 
 use crate::exec::Tool;
-use crate::sys;
 
-/// `LANDLOCK_ACCESS_FS_*` (include/uapi/linux/landlock.h).
-mod access {
-    pub const EXECUTE: u64 = 1 << 0;
-    pub const WRITE_FILE: u64 = 1 << 1;
-    pub const READ_FILE: u64 = 1 << 2;
-    pub const READ_DIR: u64 = 1 << 3;
-    /// ABI 3.
-    pub const TRUNCATE: u64 = 1 << 14;
-    /// ABI 5.
-    pub const IOCTL_DEV: u64 = 1 << 15;
-}
-
-/// The filesystem rights Landlock ABI `abi` knows, all handled (denied
-/// unless a rule allows them): ABI 1 has bits 0–12, 2 adds `REFER`, 3
-/// `TRUNCATE`, 5 `IOCTL_DEV` (landlock(7), "Filesystem actions").
-fn handled(abi: u32) -> u64 {
-    match abi {
-        0 => 0,
-        1 => (1 << 13) - 1,
-        2 => (1 << 14) - 1,
-        3 | 4 => (1 << 15) - 1,
-        _ => (1 << 16) - 1,
-    }
-}
+/// The newest Landlock ABI the tests run on (Linux 6.18: ABI 7). Every
+/// filesystem right it knows is handled — denied unless a rule allows it —
+/// as far as the running kernel knows it (the `landlock` crate's
+/// best-effort compatibility: ABI 1 has 13 rights, 2 adds `REFER`, 3
+/// `TRUNCATE`, 5 `IOCTL_DEV`; landlock(7), "Filesystem actions").
+const HANDLED: ABI = ABI::V7;
 
 /// The system's files every tool needs, and the rights on each.
-const SYSTEM: [(&str, u64); 11] = [
-    ("/usr", access::READ_FILE | access::READ_DIR | access::EXECUTE),
-    ("/lib", access::READ_FILE | access::READ_DIR | access::EXECUTE),
-    ("/lib64", access::READ_FILE | access::READ_DIR | access::EXECUTE),
-    ("/bin", access::READ_FILE | access::READ_DIR | access::EXECUTE),
-    ("/sbin", access::READ_FILE | access::READ_DIR | access::EXECUTE),
-    ("/etc", access::READ_FILE | access::READ_DIR),
-    ("/proc", access::READ_FILE | access::READ_DIR),
-    ("/sys", access::READ_FILE | access::READ_DIR),
-    ("/dev", access::READ_DIR),
-    ("/dev/null", access::READ_FILE | access::WRITE_FILE),
-    ("/dev/urandom", access::READ_FILE),
-];
+const SYSTEM: [(&str, BitFlags<AccessFs>); 11] = {
+    use landlock::make_bitflags;
+    let programs = make_bitflags!(AccessFs::{ReadFile | ReadDir | Execute});
+    let files = make_bitflags!(AccessFs::{ReadFile | ReadDir});
+    [
+        ("/usr", programs),
+        ("/lib", programs),
+        ("/lib64", programs),
+        ("/bin", programs),
+        ("/sbin", programs),
+        ("/etc", files),
+        ("/proc", files),
+        ("/sys", files),
+        ("/dev", make_bitflags!(AccessFs::{ReadDir})),
+        ("/dev/null", make_bitflags!(AccessFs::{ReadFile | WriteFile})),
+        ("/dev/urandom", make_bitflags!(AccessFs::{ReadFile})),
+    ]
+};
 
 /// The rights `tool` has on the verified device.
-fn on_device(tool: Tool) -> u64 {
+fn on_device(tool: Tool) -> BitFlags<AccessFs> {
     match tool {
-        Tool::Blkid | Tool::XfsGrowfs => access::READ_FILE | access::IOCTL_DEV,
+        Tool::Blkid | Tool::XfsGrowfs => AccessFs::ReadFile | AccessFs::IoctlDev,
         Tool::MkfsExt2 | Tool::MkfsExt3 | Tool::MkfsExt4 | Tool::MkfsXfs => {
-            access::READ_FILE | access::WRITE_FILE | access::TRUNCATE | access::IOCTL_DEV
+            AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate | AccessFs::IoctlDev
         }
     }
 }
 
-/// The rights a tool has on the verified mount's root, when it acts on
-/// one (`xfs_growfs`): open it, nothing beneath it.
-const ON_MOUNT_ROOT: u64 = access::READ_DIR;
-
-/// The Landlock ABI version of the running kernel; `None` where Landlock
-/// is not built in or not enabled (`lsm=`), where tools run without a
-/// ruleset (the helper says so at start).
-pub fn abi() -> Option<u32> {
-    sys::landlock_abi().filter(|abi| *abi > 0)
-}
-
 /// The ruleset `tool` execs under, acting on `device` and, for
-/// `xfs_growfs`, on the mount's root `mount_root`, on a kernel of Landlock
-/// ABI `abi`; the child enforces it right before the exec.
+/// `xfs_growfs`, on the mount's root `mount_root`; the child enforces it
+/// right before the exec. `None` where the kernel has no Landlock (not
+/// built in, or not enabled in `lsm=`): the tool runs without a ruleset,
+/// as the helper says at start ([`available`]).
 ///
 /// # Errors
-/// The error creating the ruleset or adding a rule.
+/// The error opening a system directory (one that does not exist is left
+/// out), creating the ruleset or adding a rule.
 pub fn ruleset(
     tool: Tool,
     device: BorrowedFd<'_>,
     mount_root: Option<BorrowedFd<'_>>,
-    abi: u32,
-) -> io::Result<OwnedFd> {
-    let handled = handled(abi);
-    let ruleset = sys::landlock_create_ruleset(handled)?;
+) -> Result<Option<OwnedFd>, Box<dyn std::error::Error + Send + Sync>> {
+    let mut ruleset = Ruleset::default()
+        .handle_access(AccessFs::from_all(HANDLED))?
+        .create()?;
     for (path, rights) in SYSTEM {
         match rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty()) {
-            Ok(fd) => sys::landlock_allow(ruleset.as_fd(), fd.as_fd(), rights & handled)?,
+            Ok(fd) => ruleset = ruleset.add_rule(PathBeneath::new(fd, rights))?,
             Err(rustix::io::Errno::NOENT) => {}
             Err(e) => return Err(e.into()),
         }
     }
-    sys::landlock_allow(ruleset.as_fd(), device, on_device(tool) & handled)?;
+    ruleset = ruleset.add_rule(PathBeneath::new(device, on_device(tool)))?;
     if let Some(root) = mount_root {
-        sys::landlock_allow(ruleset.as_fd(), root, ON_MOUNT_ROOT & handled)?;
+        // Open it, nothing beneath it.
+        ruleset = ruleset.add_rule(PathBeneath::new(root, AccessFs::ReadDir))?;
     }
-    Ok(ruleset)
+    Ok(ruleset.into())
+}
+
+/// Whether the running kernel enforces Landlock, asked at start (the
+/// serving thread's seccomp filter does not allow the question).
+pub fn available() -> bool {
+    let created = Ruleset::default()
+        .handle_access(AccessFs::from_all(HANDLED))
+        .and_then(Ruleset::create);
+    created.is_ok_and(|ruleset| Option::<OwnedFd>::from(ruleset).is_some())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::{AsFd, AsRawFd};
+
     use super::*;
 
+    /// As any user: a thread under blkid's ruleset reads the system's
+    /// files and its device, and cannot write either or open a file
+    /// beside the device.
     #[test]
-    fn each_abi_handles_what_it_knows() {
-        assert_eq!(handled(1), 0x1fff);
-        assert_eq!(handled(3) & access::TRUNCATE, access::TRUNCATE);
-        assert_eq!(handled(4) & access::IOCTL_DEV, 0);
-        assert_eq!(handled(7), 0xffff);
+    #[allow(unsafe_code, reason = "landlock_restrict_self, as the tool's child makes it")]
+    fn a_tool_opens_the_system_and_its_device_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let (device, other) = (dir.path().join("device"), dir.path().join("other"));
+        std::fs::write(&other, b"x").unwrap();
+        let file = std::fs::File::create(&device).unwrap();
+        let ruleset = ruleset(Tool::Blkid, file.as_fd(), None)
+            .unwrap()
+            .expect("Landlock in this machine's kernel");
+        let opened = std::thread::spawn(move || {
+            rustix::thread::set_no_new_privs(true).unwrap();
+            // SAFETY: integers only.
+            let result = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0u32) };
+            assert_eq!(result, 0, "{}", std::io::Error::last_os_error());
+            let read = |path: &std::path::Path| std::fs::File::open(path).is_ok();
+            let write = |path: &std::path::Path| std::fs::OpenOptions::new().append(true).open(path).is_ok();
+            let passwd = std::path::Path::new("/etc/passwd");
+            (read(passwd), write(passwd), read(&device), write(&device), read(&other))
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            opened,
+            (true, false, true, false, false),
+            "(read, write) /etc/passwd and the device; another file"
+        );
     }
 }

@@ -249,9 +249,7 @@ fn execute(job: &Job, timeout: Duration, held: u64, tool_filter: &Arc<BpfProgram
         .stderr(Stdio::piped())
         .process_group(0);
     let mount_root = (job.tool == Tool::XfsGrowfs).then(|| job.fd3.as_fd());
-    let ruleset = confine::abi()
-        .map(|abi| confine::ruleset(job.tool, job.device.fd(), mount_root, abi))
-        .transpose()
+    let ruleset = confine::ruleset(job.tool, job.device.fd(), mount_root)
         .map_err(|e| Operation::Confine(job.path.clone()).failed(e))?;
     sys::set_up_tool_child(
         &mut command,

@@ -137,9 +137,10 @@ fn main() -> anyhow::Result<()> {
         .context("starting the executor threads")?;
     let grower = Grower::start().context("starting the grower thread")?;
     // Asked before the serving filter, which does not allow the question.
-    match ebs_csi_helper::confine::abi() {
-        Some(abi) => tracing::info!(landlock_abi = abi, "tools confined by Landlock"),
-        None => tracing::warn!("the kernel has no Landlock: tools may open any file root owns"),
+    if ebs_csi_helper::confine::available() {
+        tracing::info!("tools confined by Landlock");
+    } else {
+        tracing::warn!("the kernel has no Landlock: tools may open any file root owns");
     }
     harden::keep_only_serving().context("reducing the serving thread's capabilities")?;
     harden::install_seccomp(&filters.serving).context("installing the seccomp filter")?;

@@ -1,7 +1,6 @@
 //! The socket loop: check the peer, read one frame, handle, answer.
 
 use std::io::{self, Read};
-use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -11,9 +10,9 @@ use ebs_csi_helper_proto::{
     FrameVersion, HelperError, OLDEST_VERSION, PROTOCOL_VERSION, RequestFrame, Response, decode, read_payload,
     write_frame,
 };
+use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
 use crate::handler::Handler;
-use crate::sys;
 
 /// How the server admits and times connections.
 #[derive(Clone, Debug)]
@@ -118,10 +117,10 @@ fn finish(active: &AtomicUsize, timeout: Duration) {
 /// peer whose process the helper cannot see (pid 0) is admitted on its uid
 /// alone, as any other.
 fn admitted_peer(stream: &UnixStream, allowed_uids: &[u32]) -> Option<u32> {
-    match sys::peer_credentials(stream.as_fd()) {
-        Ok(cred) if allowed_uids.contains(&cred.uid) => Some(cred.uid),
+    match getsockopt(stream, PeerCredentials) {
+        Ok(cred) if allowed_uids.contains(&cred.uid()) => Some(cred.uid()),
         Ok(cred) => {
-            tracing::warn!(peer_uid = cred.uid, peer_pid = cred.pid, "refused peer");
+            tracing::warn!(peer_uid = cred.uid(), peer_pid = cred.pid(), "refused peer");
             None
         }
         Err(e) => {

@@ -14,13 +14,13 @@ use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::sys;
+use nix::sys::signal::{SigSet, Signal};
 
 const STOPPING: &str = "stopping: no new connections; requests in flight may finish";
 
 /// The stop signals, blocked in the thread that made this and in every
 /// thread it starts afterwards.
-pub struct StopSignals(libc::sigset_t);
+pub struct StopSignals(SigSet);
 
 impl StopSignals {
     /// Blocks SIGTERM and SIGINT in the calling thread. Call it before
@@ -29,7 +29,9 @@ impl StopSignals {
     /// # Errors
     /// The error of `pthread_sigmask(3)`.
     pub fn block() -> io::Result<Self> {
-        sys::block_signals(&[libc::SIGTERM, libc::SIGINT]).map(Self)
+        let signals = SigSet::from(Signal::SIGTERM) | Signal::SIGINT;
+        signals.thread_block()?;
+        Ok(Self(signals))
     }
 
     /// Starts a thread (`signals`) that waits for the first stop signal,
@@ -40,12 +42,12 @@ impl StopSignals {
     /// The error starting the thread.
     pub fn on_signal(self, stopping: Arc<AtomicBool>) -> io::Result<()> {
         std::thread::Builder::new().name("signals".into()).spawn(move || {
-            let signal = sys::wait_signal(&self.0);
+            let signal = self.0.wait();
             // Set before the line is logged: whoever reads the line knows
             // no new connection is served.
             stopping.store(true, Ordering::SeqCst);
             match signal {
-                Ok(libc::SIGINT) => tracing::info!(signal = "SIGINT", "{STOPPING}"),
+                Ok(Signal::SIGINT) => tracing::info!(signal = "SIGINT", "{STOPPING}"),
                 Ok(_) => tracing::info!(signal = "SIGTERM", "{STOPPING}"),
                 Err(error) => tracing::error!(%error, "stopping: sigwait failed"),
             }

@@ -1,13 +1,15 @@
-//! Every `unsafe` block of the helper: `BLKGETDISKSEQ`, `EXT4_IOC_RESIZE_FS`, Landlock, the peer's
-//! credentials, blocking and waiting for the stop signals, closing inherited descriptors and clearing the environment
-//! at start, and setting up a tool's descriptors and capabilities in the
-//! child before it execs. (The
+//! Every `unsafe` block of the helper: `BLKGETDISKSEQ`,
+//! `EXT4_IOC_RESIZE_FS`, closing inherited descriptors and clearing the
+//! environment at start, and setting up a tool's descriptors, capabilities,
+//! Landlock ruleset and seccomp filter in the child before it execs. (The
 //! NVMe admin ioctl and taking the socket systemd passes are in
-//! `ebs-csi-linux`, which the agent shares.)
+//! `ebs-csi-linux`, which the agent shares; Landlock rulesets are made by
+//! the `landlock` crate, the peer's credentials and the stop signals taken
+//! by `nix`.)
 #![allow(unsafe_code)]
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{BorrowedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::sync::Arc;
@@ -41,131 +43,6 @@ pub(crate) fn ext4_resize_fs(dir: BorrowedFd<'_>, blocks: u64) -> io::Result<()>
     // SAFETY: EXT4_IOC_RESIZE_FS reads one u64, which Setter passes by
     // pointer for the call.
     unsafe { ioctl(dir, Setter::<EXT4_IOC_RESIZE_FS, u64>::new(blocks)) }.map_err(io::Error::from)
-}
-
-/// `struct landlock_ruleset_attr` (include/uapi/linux/landlock.h). Kernels
-/// that know fewer fields accept it as long as those they do not know are
-/// zero (`copy_struct_from_user`).
-#[repr(C)]
-struct LandlockRulesetAttr {
-    handled_access_fs: u64,
-    handled_access_net: u64,
-    scoped: u64,
-}
-
-/// `struct landlock_path_beneath_attr`, packed as the kernel declares it.
-#[repr(C, packed)]
-struct LandlockPathBeneathAttr {
-    allowed_access: u64,
-    parent_fd: i32,
-}
-
-/// `LANDLOCK_CREATE_RULESET_VERSION`.
-const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
-/// `LANDLOCK_RULE_PATH_BENEATH`.
-const LANDLOCK_RULE_PATH_BENEATH: u32 = 1;
-
-/// The kernel's Landlock ABI version; `None` without Landlock
-/// (`EOPNOTSUPP`, `ENOSYS`).
-pub(crate) fn landlock_abi() -> Option<u32> {
-    // SAFETY: with a null attribute and size 0 the call reads no memory.
-    let version = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<LandlockRulesetAttr>(),
-            0usize,
-            LANDLOCK_CREATE_RULESET_VERSION,
-        )
-    };
-    u32::try_from(version).ok()
-}
-
-/// A new Landlock ruleset handling the filesystem rights `handled`.
-pub(crate) fn landlock_create_ruleset(handled: u64) -> io::Result<OwnedFd> {
-    let attr = LandlockRulesetAttr {
-        handled_access_fs: handled,
-        handled_access_net: 0,
-        scoped: 0,
-    };
-    // SAFETY: the kernel reads `size_of(attr)` bytes of `attr`, alive for
-    // the call, and returns a new descriptor that nothing else owns.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            &raw const attr,
-            std::mem::size_of::<LandlockRulesetAttr>(),
-            0u32,
-        )
-    };
-    let fd = RawFd::try_from(fd).map_err(|_| io::Error::last_os_error())?;
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor the kernel just returned to this call.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Allows `access` on the file or directory tree `beneath` in `ruleset`.
-pub(crate) fn landlock_allow(ruleset: BorrowedFd<'_>, beneath: BorrowedFd<'_>, access: u64) -> io::Result<()> {
-    let attr = LandlockPathBeneathAttr {
-        allowed_access: access,
-        parent_fd: beneath.as_raw_fd(),
-    };
-    // SAFETY: the kernel reads the packed attribute, alive for the call.
-    let result = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_add_rule,
-            ruleset.as_raw_fd(),
-            LANDLOCK_RULE_PATH_BENEATH,
-            &raw const attr,
-            0u32,
-        )
-    };
-    if result == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-/// A socket peer's credentials as `SO_PEERCRED` reports them (unix(7)).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PeerCredentials {
-    /// The peer's process id in the helper's PID namespace; 0 when the
-    /// peer's process is not visible there (unix(7)), as the agent's is
-    /// to a helper in a PID namespace of its own.
-    pub pid: i32,
-    /// The peer's effective uid at `connect(2)`.
-    pub uid: u32,
-}
-
-/// `getsockopt(SO_PEERCRED)` into the kernel's `struct ucred`, whose pid
-/// may be 0. (rustix 1.1's `socket_peercred` reads the pid into a non-zero
-/// type, undefined behaviour for such a peer.)
-pub(crate) fn peer_credentials(socket: BorrowedFd<'_>) -> io::Result<PeerCredentials> {
-    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
-    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()).unwrap_or(libc::socklen_t::MAX);
-    // SAFETY: the kernel writes at most `len` bytes, the size of `cred`,
-    // which lives for the call; every bit pattern is a valid `ucred`.
-    let result = unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            std::ptr::from_mut(&mut cred).cast(),
-            &raw mut len,
-        )
-    };
-    if result != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if usize::try_from(len).ok() != Some(std::mem::size_of::<libc::ucred>()) {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "short SO_PEERCRED answer"));
-    }
-    Ok(PeerCredentials {
-        pid: cred.pid,
-        uid: cred.uid,
-    })
 }
 
 /// Closes every descriptor from `first` up (`close_range(2)`, Linux
@@ -305,42 +182,6 @@ pub(crate) fn set_up_tool_child(
             seccompiler::apply_filter(&filter).map_err(|_| io::Error::from_raw_os_error(libc::EPERM))?;
             close_from(4)
         });
-    }
-}
-
-/// Blocks `signals` in the calling thread (and so in the threads it starts
-/// later, pthread_sigmask(3)) and returns them as a set for
-/// [`wait_signal`].
-///
-/// # Errors
-/// The error of `pthread_sigmask(3)`.
-pub(crate) fn block_signals(signals: &[libc::c_int]) -> io::Result<libc::sigset_t> {
-    // SAFETY: sigemptyset and sigaddset initialise and fill a set on the
-    // stack; pthread_sigmask reads it and writes no old mask.
-    unsafe {
-        let mut set = std::mem::zeroed::<libc::sigset_t>();
-        libc::sigemptyset(&raw mut set);
-        for signal in signals {
-            libc::sigaddset(&raw mut set, *signal);
-        }
-        match libc::pthread_sigmask(libc::SIG_BLOCK, &raw const set, std::ptr::null_mut()) {
-            0 => Ok(set),
-            error => Err(io::Error::from_raw_os_error(error)),
-        }
-    }
-}
-
-/// Waits for one signal of `set`, blocked in every thread, and returns its
-/// number (sigwait(3); the system call is `rt_sigtimedwait`).
-///
-/// # Errors
-/// The error of `sigwait(3)`.
-pub(crate) fn wait_signal(set: &libc::sigset_t) -> io::Result<libc::c_int> {
-    let mut signal = 0;
-    // SAFETY: sigwait reads the initialised set and writes one int.
-    match unsafe { libc::sigwait(set, &raw mut signal) } {
-        0 => Ok(signal),
-        error => Err(io::Error::from_raw_os_error(error)),
     }
 }
 
