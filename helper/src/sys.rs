@@ -15,6 +15,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use rustix::ioctl::{Getter, Opcode, Setter, ioctl, opcode};
+use rustix::thread::{CapabilitySet, CapabilitySets};
 use seccompiler::BpfProgram;
 
 /// `BLKGETDISKSEQ = _IOR(0x12, 128, __u64)` (include/uapi/linux/fs.h,
@@ -82,53 +83,6 @@ pub fn clear_environment() {
 /// The descriptor number a tool finds the verified device at.
 pub(crate) const TOOL_DEVICE_FD: RawFd = 3;
 
-/// `struct __user_cap_header_struct` (include/uapi/linux/capability.h).
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: i32,
-}
-
-/// `struct __user_cap_data_struct`; version 3 takes two, for capabilities
-/// 0–31 and 32–63.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-/// `_LINUX_CAPABILITY_VERSION_3` (include/uapi/linux/capability.h).
-const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-
-/// Sets the calling thread's effective and permitted capabilities to the
-/// bits of `mask` (bit n = capability n), inheritable to none, with one raw
-/// `capset(2)`: async-signal-safe, for a child between fork and exec.
-fn capset(mask: u64) -> io::Result<()> {
-    let header = CapHeader {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let half = |bits: u64| {
-        let low = u32::try_from(bits & u64::from(u32::MAX)).unwrap_or(u32::MAX);
-        CapData {
-            effective: low,
-            permitted: low,
-            inheritable: 0,
-        }
-    };
-    let data = [half(mask), half(mask >> 32)];
-    // SAFETY: capset reads one header and, for version 3, two data structs,
-    // both alive for the call; it writes nothing back.
-    let result = unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) };
-    if result == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 /// Sets up `command`'s child before it execs: it is killed when the
 /// helper dies (`PR_SET_PDEATHSIG`, so a crashed helper leaves no tool
 /// holding a device), `fd` becomes its [`TOOL_DEVICE_FD`] (without
@@ -144,7 +98,7 @@ pub(crate) fn set_up_tool_child(
     ruleset: Option<RawFd>,
     filter: Arc<BpfProgram>,
 ) {
-    let helper = rustix::process::getpid().as_raw_nonzero().get();
+    let helper = rustix::process::getpid();
     // SAFETY: the closure runs in the child between fork and exec, where
     // only async-signal-safe calls are allowed; it makes raw syscalls
     // (prctl, getppid, fcntl, dup2, capset, landlock_restrict_self,
@@ -157,10 +111,8 @@ pub(crate) fn set_up_tool_child(
             // The death signal follows the forking thread, an executor
             // thread that lives as long as the helper; if the helper died
             // before the signal was set, the child is already orphaned.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::getppid() != helper {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+            if rustix::process::getppid() != Some(helper) {
                 return Err(io::Error::from(io::ErrorKind::BrokenPipe));
             }
             let moved = if fd == TOOL_DEVICE_FD {
@@ -171,7 +123,17 @@ pub(crate) fn set_up_tool_child(
             if moved < 0 {
                 return Err(io::Error::last_os_error());
             }
-            capset(capabilities)?;
+            // One raw capset(2) (rustix makes the call itself, allocating
+            // nothing): effective and permitted the mask, inheritable none.
+            let kept = CapabilitySet::from_bits_retain(capabilities);
+            rustix::thread::set_capabilities(
+                None,
+                CapabilitySets {
+                    effective: kept,
+                    permitted: kept,
+                    inheritable: CapabilitySet::empty(),
+                },
+            )?;
             if let Some(ruleset) = ruleset
                 && libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) != 0
             {
