@@ -6,10 +6,12 @@
 //! (`handler/tests/fake.rs`), as a normal user, and assert what would have
 //! been done.
 //!
-//! Resolving paths beneath the allowed roots (`openat2`, `mkdirat`,
-//! `unlinkat`, reading a directory, `fstatvfs`) stays outside the seam: it
-//! needs no privilege beneath a directory the caller owns, so the unit
-//! tests make those calls for real, in a temporary directory.
+//! Resolving paths beneath the allowed roots (`openat2`, `unlinkat`,
+//! reading a directory, `fstatvfs`) stays outside the seam: it needs no
+//! privilege beneath a directory the caller owns, so the unit tests make
+//! those calls for real, in a temporary directory. Creating a mount point
+//! is a step of the seam (the fake creates it for real too), so that a
+//! test can make it fail or change what was created before it is reopened.
 
 use std::fmt;
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -17,6 +19,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use ebs_csi_helper_proto::{FormatOptions, FsType, HelperError, VolumeId};
 use ebs_csi_linux::mountinfo::MountEntry;
 use ebs_csi_linux::nvme::{self, LogPage};
+use rustix::fs::FileType;
 use rustix::mount::MountFlags;
 
 use crate::claim::DeviceNumber;
@@ -28,7 +31,7 @@ use crate::grow::{self, Grower};
 use crate::mount::{self, Detached, Node};
 use crate::mounts::MountTables;
 use crate::options::MountOptions;
-use crate::path::AllowedRoots;
+use crate::path::{AllowedRoots, SafePath};
 
 /// What the requests ask of the kernel. Each method is one step of
 /// `docs/helper.md`; its errors are the [`HelperError`]s that step answers.
@@ -86,6 +89,15 @@ pub trait Kernel: fmt::Debug + Send + Sync {
     /// Gives the bind mount whose root is `root` the per-mount `flags`
     /// ([`mount::remount_bind`]).
     fn remount_bind(&self, root: BorrowedFd<'_>, flags: MountFlags) -> Result<(), HelperError>;
+
+    /// Creates the mount point `target` in `parent`, a directory or an
+    /// empty file as `file_type` says ([`mount::create_mount_point`]).
+    fn create_mount_point(
+        &self,
+        parent: BorrowedFd<'_>,
+        target: &SafePath<'_>,
+        file_type: FileType,
+    ) -> Result<(), HelperError>;
 
     /// Unmounts `name` in `parent` ([`mount::unmount`]).
     fn unmount(&self, parent: BorrowedFd<'_>, name: &str) -> Result<(), HelperError>;
@@ -196,6 +208,15 @@ impl Kernel for Linux {
 
     fn remount_bind(&self, root: BorrowedFd<'_>, flags: MountFlags) -> Result<(), HelperError> {
         mount::remount_bind(root, flags)
+    }
+
+    fn create_mount_point(
+        &self,
+        parent: BorrowedFd<'_>,
+        target: &SafePath<'_>,
+        file_type: FileType,
+    ) -> Result<(), HelperError> {
+        mount::create_mount_point(parent, target, file_type)
     }
 
     fn unmount(&self, parent: BorrowedFd<'_>, name: &str) -> Result<(), HelperError> {

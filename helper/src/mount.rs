@@ -4,7 +4,7 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use ebs_csi_helper_proto::{FsType, HelperError};
-use rustix::fs::{AtFlags, FileType, StatxAttributes, StatxFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, StatxAttributes, StatxFlags};
 use rustix::mount::{
     FsMountFlags, FsOpenFlags, MountAttrFlags, MountFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags,
 };
@@ -12,7 +12,7 @@ use rustix::mount::{
 use crate::device::VerifiedDevice;
 use crate::error::Operation;
 use crate::options::MountOptions;
-use crate::path::fd_path;
+use crate::path::{SafePath, fd_path};
 
 /// What `statx` says about an opened path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -227,6 +227,31 @@ pub fn remount_bind(mount_root: BorrowedFd<'_>, flags: MountFlags) -> Result<(),
     tracing::info!(target = %fd_path(&mount_root), ?flags, "remount bind");
     rustix::mount::mount_remount(fd_path(&mount_root).as_str(), MountFlags::BIND | flags, "")
         .map_err(|e| Operation::Remount.failed(e))
+}
+
+/// Creates the mount point `target` in its opened parent `parent`: a
+/// directory, mode 0755 (a filesystem volume's target), or else an empty
+/// regular file, mode 0640 (a block volume's, a mount point for the device
+/// node), never following a symlink or taking an existing file.
+///
+/// # Errors
+/// [`HelperError::System`] when `mkdirat(2)` or `openat(2)` fails
+/// (`EEXIST` when something is there already).
+pub fn create_mount_point(
+    parent: BorrowedFd<'_>,
+    target: &SafePath<'_>,
+    file_type: FileType,
+) -> Result<(), HelperError> {
+    let error = |e| Operation::Create(target.as_str().to_owned()).failed(e);
+    tracing::info!(target = ?target.as_str(), ?file_type, "create mount point");
+    if file_type == FileType::Directory {
+        rustix::fs::mkdirat(parent, target.name(), Mode::from_raw_mode(0o755)).map_err(error)
+    } else {
+        let flags = OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        rustix::fs::openat(parent, target.name(), flags, Mode::from_raw_mode(0o640))
+            .map(drop)
+            .map_err(error)
+    }
 }
 
 /// Unmounts the mount at `name` in the directory `parent`, without

@@ -4,7 +4,7 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use ebs_csi_helper_proto::{FsType, HelperError, PublishRequest, PublishSource, Reply, VolumeId};
 use ebs_csi_linux::mountinfo::MountEntry;
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{AtFlags, FileType};
 use rustix::mount::MountFlags;
 
 use super::{Handler, already_mounted, find_mount, open_target, refuse_if_not_empty};
@@ -83,7 +83,8 @@ impl Handler {
             refuse_if_not_empty(&target, &existing, &node)?;
             return self.bind_checked(&source, existing, &parent, &target, flags);
         }
-        create_target(&parent, &target, source.target_type)?;
+        self.kernel
+            .create_mount_point(parent.as_fd(), &target, source.target_type)?;
         open_target(&parent, &target)
             .and_then(|created| created.ok_or_else(|| Operation::OpenNewTarget.failed("vanished")))
             .and_then(|created| {
@@ -182,20 +183,5 @@ impl Handler {
             return Err(e);
         }
         Ok(Reply::Done)
-    }
-}
-
-/// Creates the target: a directory (filesystem volumes) or an empty file
-/// (block volumes, a mount point for the device node).
-fn create_target(parent: &OwnedFd, target: &SafePath<'_>, file_type: FileType) -> Result<(), HelperError> {
-    let error = |e| Operation::Create(target.as_str().to_owned()).failed(e);
-    tracing::info!(target = ?target.as_str(), ?file_type, "create mount point");
-    if file_type == FileType::Directory {
-        rustix::fs::mkdirat(parent, target.name(), Mode::from_raw_mode(0o755)).map_err(error)
-    } else {
-        let flags = OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        rustix::fs::openat(parent, target.name(), flags, Mode::from_raw_mode(0o640))
-            .map(drop)
-            .map_err(error)
     }
 }

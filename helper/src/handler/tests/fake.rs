@@ -32,7 +32,7 @@ use crate::format::Contents;
 use crate::kernel::Kernel;
 use crate::mount::{self, Detached, Node};
 use crate::options::MountOptions;
-use crate::path::AllowedRoots;
+use crate::path::{AllowedRoots, SafePath};
 
 /// devtmpfs's device number, which a device node's `statx` reports.
 const DEVTMPFS: DeviceNumber = (0, 6);
@@ -53,6 +53,7 @@ pub enum Step {
     Bind,
     Attach,
     Remount,
+    CreateMountPoint,
     Unmount,
     FilesystemSize,
     ResizeExt,
@@ -565,6 +566,16 @@ impl Kernel for Arc<Fake> {
         let target = mount.path.clone();
         state.actions.push(Action::Remount { target, flags });
         Ok(())
+    }
+
+    fn create_mount_point(
+        &self,
+        parent: BorrowedFd<'_>,
+        target: &SafePath<'_>,
+        file_type: FileType,
+    ) -> Result<(), HelperError> {
+        let _call = self.call(Step::CreateMountPoint)?;
+        mount::create_mount_point(parent, target, file_type)
     }
 
     fn unmount(&self, parent: BorrowedFd<'_>, name: &str) -> Result<(), HelperError> {

@@ -211,6 +211,42 @@ fn a_bind_that_shows_another_source_is_dropped_unattached() {
     assert!(!std::path::Path::new(&world.target()).exists());
 }
 
+/// The target the helper created, removed or replaced by someone else
+/// before it is reopened: refused, nothing bound, and what someone else
+/// put there left as it is.
+#[test]
+fn a_new_target_changed_before_it_is_reopened_is_not_used() {
+    for replaced in [false, true] {
+        let world = World::staged();
+        let target = world.target();
+        let changed = target.clone();
+        world.fake.after(Step::CreateMountPoint, 0, move |_| {
+            std::fs::remove_dir(&changed).unwrap();
+            if replaced {
+                std::fs::write(&changed, b"").unwrap();
+            }
+        });
+        world.fake.forget();
+        let detail = if replaced {
+            "replaced during the request"
+        } else {
+            "vanished"
+        };
+        let expected = HelperError::System {
+            operation: "opening the new target".into(),
+            detail: detail.into(),
+        };
+        assert_eq!(
+            world.handle(Request::Publish(world.publish_request(false))),
+            Err(expected)
+        );
+        assert_eq!(world.fake.actions(), []);
+        assert_eq!(world.fake.mounted().len(), 1, "the staging mount alone");
+        let left = std::fs::symlink_metadata(&target).map(|m| m.is_file());
+        assert_eq!(left.ok(), replaced.then_some(true), "{target}");
+    }
+}
+
 #[test]
 fn a_target_that_is_another_mount_is_refused_even_of_the_same_filesystem() {
     // Another directory of the volume's own filesystem bound there (the
