@@ -263,3 +263,18 @@ fn a_target_that_is_another_mount_is_refused_even_of_the_same_filesystem() {
         world.refused(Request::Publish(world.publish_request(false)), &expected);
     }
 }
+
+#[test]
+fn a_block_target_that_is_a_mount_of_anything_but_the_device_node_is_refused() {
+    let world = World::new();
+    let target = world.block_target();
+    std::fs::create_dir_all(std::path::Path::new(&target).parent().unwrap()).unwrap();
+    std::fs::write(&target, b"").unwrap();
+    // A file of another filesystem bound there: a mount root, not a device.
+    world.fake.mount_foreign(target.as_ref(), "tmpfs", (0, 99));
+    let expected = HelperError::AlreadyMounted {
+        path: target,
+        detail: "a filesystem on device 0:99".into(),
+    };
+    world.refused(Request::Publish(world.block_publish_request()), &expected);
+}

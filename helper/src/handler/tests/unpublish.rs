@@ -1,6 +1,8 @@
 //! Unpublish over the fake (`handler/unpublish.rs`).
 
-use ebs_csi_helper_proto::{Reply, Request, UnpublishRequest};
+use std::os::unix::fs::PermissionsExt;
+
+use ebs_csi_helper_proto::{HelperError, Reply, Request, UnpublishRequest};
 
 use super::World;
 use super::fake::{Action, Step};
@@ -43,6 +45,39 @@ fn a_mount_point_removed_by_someone_else_right_after_its_unmount_is_done() {
     assert_eq!(world.handle(unpublish(&target)), Ok(Reply::Done));
     assert_eq!(world.fake.actions(), [Action::Unmount { target: target.clone() }]);
     assert!(world.fake.mounted().iter().all(|(point, ..)| *point != target));
+}
+
+/// A target the helper cannot reopen after its unmount (its parent made
+/// unsearchable meanwhile; the test's thread gives up overriding file
+/// permissions, as a normal user has none to give up): the error is
+/// answered, and once the parent is searchable again a retry removes the
+/// mount point.
+#[test]
+fn a_target_that_cannot_be_reopened_after_its_unmount_is_an_error_and_a_retry_ends_it() {
+    std::thread::spawn(|| {
+        caps::clear(None, caps::CapSet::Effective).unwrap();
+        let world = World::staged();
+        let target = world.target();
+        world.handle(Request::Publish(world.publish_request(false))).unwrap();
+        let parent = std::path::Path::new(&target).parent().unwrap().to_owned();
+        let mode = |bits| std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(bits)).unwrap();
+        let hidden = parent.clone();
+        world.fake.after(Step::Unmount, 0, move |_| {
+            std::fs::set_permissions(&hidden, std::fs::Permissions::from_mode(0o000)).unwrap();
+        });
+        let expected = HelperError::System {
+            operation: format!("opening {target}"),
+            detail: "Permission denied (os error 13)".into(),
+        };
+        assert_eq!(world.handle(unpublish(&target)), Err(expected));
+        mode(0o755);
+        assert!(world.fake.mounted().iter().all(|(point, ..)| *point != target));
+        assert!(std::path::Path::new(&target).is_dir(), "left until the retry");
+        assert_eq!(world.handle(unpublish(&target)), Ok(Reply::Done));
+        assert!(!std::path::Path::new(&target).exists());
+    })
+    .join()
+    .unwrap();
 }
 
 #[test]
