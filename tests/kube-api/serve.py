@@ -38,8 +38,10 @@ import copy
 import datetime
 import http.server
 import json
+import os
 import ssl
 import sys
+import tempfile
 from pathlib import Path
 
 from cryptography import x509
@@ -53,6 +55,17 @@ SERVICE_ACCOUNT = "system:serviceaccount:kube-system:ebs-csi-node-sa"
 NODE = json.loads((Path(__file__).parent / "node.json").read_text())
 # Patches still to meet another writer's change first (--conflicts).
 conflicts = 0
+
+
+def write_whole(path, text):
+    """Writes `text` to `path` by renaming a file written beside it: a
+    reader polling the file (a test, node.json) reads the old contents or
+    the new, never a file cut short (write_text truncates first, and a read
+    in between finds it empty)."""
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as file:
+        file.write(text)
+    os.replace(partial, path)
 
 
 def certificates(directory):
@@ -177,7 +190,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         global NODE
         node["metadata"] = dict(node["metadata"], resourceVersion=str(int(NODE["metadata"]["resourceVersion"]) + 1))
         NODE = node
-        self.node_path.write_text(json.dumps(NODE))
+        write_whole(self.node_path, json.dumps(NODE))
 
     def do_GET(self):
         with open(self.log_path, "a") as log:
@@ -227,9 +240,9 @@ def main():
     (directory / "token").write_text(TOKEN)
     Handler.log_path = directory / "requests.log"
     Handler.node_path = directory / "node.json"
-    Handler.node_path.write_text(json.dumps(NODE))
+    write_whole(Handler.node_path, json.dumps(NODE))
     Handler.attachments_path = directory / "volumeattachments.json"
-    Handler.attachments_path.write_text(json.dumps(args.volume_attachments))
+    write_whole(Handler.attachments_path, json.dumps(args.volume_attachments))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(pem)

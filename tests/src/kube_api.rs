@@ -60,9 +60,14 @@ impl KubeApi {
         serde_json::from_slice(&std::fs::read(self.dir.path().join("node.json")).unwrap()).unwrap()
     }
 
-    /// Makes `attachments` the VolumeAttachments the API server lists.
+    /// Makes `attachments` the VolumeAttachments the API server lists:
+    /// written beside the file it reads and renamed over it, so that a
+    /// list it answers meanwhile is the old one or the new, never a file
+    /// cut short.
     pub fn set_volume_attachments(&self, attachments: &serde_json::Value) {
-        std::fs::write(self.dir.path().join("volumeattachments.json"), attachments.to_string()).unwrap();
+        let partial = self.dir.path().join(".volumeattachments.json.partial");
+        std::fs::write(&partial, attachments.to_string()).unwrap();
+        std::fs::rename(partial, self.dir.path().join("volumeattachments.json")).unwrap();
     }
 }
 
