@@ -51,14 +51,15 @@ impl Qmp {
         qmp
     }
 
-    /// Sends one command; panics unless QEMU answers with a return.
-    fn execute(&mut self, command: &str) {
+    /// Sends one command; panics unless QEMU answers with a return, which
+    /// it gives (one JSON line).
+    fn execute(&mut self, command: &str) -> String {
         writeln!(self.writer, "{command}").unwrap();
         loop {
             let mut line = String::new();
             self.reader.read_line(&mut line).unwrap();
             if line.contains(r#""return""#) {
-                return;
+                return line;
             }
             assert!(!line.contains(r#""error""#), "QMP {command}: {line}");
         }
@@ -114,6 +115,13 @@ pub const STOPPED_ANSWERING: i32 = -1;
 /// `@@EXIT` (a guest that powered off or crashed, or QEMU itself failing,
 /// whose message is on stderr); the transcript's last line says so.
 pub const QEMU_EXITED: i32 = -2;
+
+/// The QMP commands whose answers a guest that stopped answering leaves in
+/// its transcript: whether it runs, and its vCPUs' registers.
+const WHERE_IT_STANDS: [&str; 2] = [
+    r#"{"execute":"query-status"}"#,
+    r#"{"execute":"human-monitor-command","arguments":{"command-line":"info registers -a"}}"#,
+];
 
 /// What a guest reported.
 pub struct Outcome {
@@ -176,6 +184,11 @@ pub fn run_guest(mut qemu: Command, dir: &Path, limit: Duration) -> Outcome {
             Ok(line) => line,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 transcript.push(format!("(the VM printed nothing more for {limit:?} from its start)"));
+                // Where it stands: running or not, and each vCPU's registers
+                // (RIP tells a hung kernel from a guest idling or waiting).
+                for command in WHERE_IT_STANDS {
+                    transcript.push(qmp.execute(command).replace("\\r\\n", "\n"));
+                }
                 break STOPPED_ANSWERING;
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -197,7 +210,9 @@ pub fn run_guest(mut qemu: Command, dir: &Path, limit: Duration) -> Outcome {
                     r#"{{"execute":"device_add","arguments":{{"driver":"nvme","id":"{id}","drive":"{id}","serial":"{serial}","bus":"port{port}"}}}}"#
                 ));
             }
-            ["@@UNPLUG", id] => qmp.execute(&format!(r#"{{"execute":"device_del","arguments":{{"id":"{id}"}}}}"#)),
+            ["@@UNPLUG", id] => {
+                qmp.execute(&format!(r#"{{"execute":"device_del","arguments":{{"id":"{id}"}}}}"#));
+            }
             ["@@SCENARIO", ..] => {
                 eprintln!("{line}");
                 scenarios.push(line.clone());

@@ -63,7 +63,8 @@ fn run_suite(suite: &str) {
     }
     let dir = tempfile::tempdir().unwrap();
     let mut vm = qemu::command(dir.path(), 1024);
-    // The console (kernel, systemd) to a file; the guest's protocol on the
+    // The console (kernel, systemd; not quiet, so that a boot that hangs
+    // shows how far it got) to a file; the guest's protocol on the
     // second serial port. One NVMe controller at boot, so that the root
     // disk is nvme0n1 (namespace 1; the payload is namespace 2, read-only);
     // every EBS-style disk is hot-plugged.
@@ -74,7 +75,7 @@ fn run_suite(suite: &str) {
         .args(["-serial", "stdio"])
         .arg("-kernel")
         .arg(&kernel)
-        .args(["-append", "console=ttyS0 root=/dev/nvme0n1 rw quiet panic=-1"])
+        .args(["-append", "console=ttyS0 root=/dev/nvme0n1 rw panic=-1"])
         .args(["-device", "nvme,id=boot,serial=ebscsiroot"])
         .arg("-drive")
         .arg(format!(
