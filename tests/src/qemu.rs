@@ -51,15 +51,31 @@ impl Qmp {
         qmp
     }
 
-    /// Sends one command; panics unless QEMU answers with a return, which
-    /// it gives (one JSON line).
-    fn execute(&mut self, command: &str) -> String {
+    /// Sends one command and gives QEMU's answer (a return or an error, one
+    /// JSON line), or `None` when none comes within 10 s: asked of a guest
+    /// that stopped answering, whose QEMU may be stuck too, so that the
+    /// test reports instead of waiting for ever.
+    fn ask(&mut self, command: &str) -> Option<String> {
+        let stream = self.reader.get_ref();
+        stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        writeln!(self.writer, "{command}").ok()?;
+        loop {
+            let mut line = String::new();
+            self.reader.read_line(&mut line).ok()?;
+            if line.contains(r#""return""#) || line.contains(r#""error""#) {
+                return Some(line);
+            }
+        }
+    }
+
+    /// Sends one command; panics unless QEMU answers with a return.
+    fn execute(&mut self, command: &str) {
         writeln!(self.writer, "{command}").unwrap();
         loop {
             let mut line = String::new();
             self.reader.read_line(&mut line).unwrap();
             if line.contains(r#""return""#) {
-                return line;
+                return;
             }
             assert!(!line.contains(r#""error""#), "QMP {command}: {line}");
         }
@@ -187,7 +203,10 @@ pub fn run_guest(mut qemu: Command, dir: &Path, limit: Duration) -> Outcome {
                 // Where it stands: running or not, and each vCPU's registers
                 // (RIP tells a hung kernel from a guest idling or waiting).
                 for command in WHERE_IT_STANDS {
-                    transcript.push(qmp.execute(command).replace("\\r\\n", "\n"));
+                    let answer = qmp
+                        .ask(command)
+                        .unwrap_or_else(|| format!("(QMP gave no answer to {command})"));
+                    transcript.push(answer.replace("\\r\\n", "\n"));
                 }
                 break STOPPED_ANSWERING;
             }
@@ -210,9 +229,7 @@ pub fn run_guest(mut qemu: Command, dir: &Path, limit: Duration) -> Outcome {
                     r#"{{"execute":"device_add","arguments":{{"driver":"nvme","id":"{id}","drive":"{id}","serial":"{serial}","bus":"port{port}"}}}}"#
                 ));
             }
-            ["@@UNPLUG", id] => {
-                qmp.execute(&format!(r#"{{"execute":"device_del","arguments":{{"id":"{id}"}}}}"#));
-            }
+            ["@@UNPLUG", id] => qmp.execute(&format!(r#"{{"execute":"device_del","arguments":{{"id":"{id}"}}}}"#)),
             ["@@SCENARIO", ..] => {
                 eprintln!("{line}");
                 scenarios.push(line.clone());
