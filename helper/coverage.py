@@ -8,7 +8,10 @@ which needs RUSTC_BOOTSTRAP on a stable toolchain) in a target directory of
 their own, run as nobody (so none can lean on root), and reported by
 cargo-llvm-cov.
 
-Usage: python3 helper/coverage.py TARGET_DIR LLVM_BIN_DIR   (make coverage)
+Usage: python3 helper/coverage.py [--build-only] TARGET_DIR LLVM_BIN_DIR   (make coverage)
+--build-only builds the instrumented tests and their dependencies, runs
+nothing (make test does it under its tests; make coverage then rebuilds
+only the workspace's crates, which it cleans for a fresh report).
 """
 
 import json
@@ -83,11 +86,15 @@ def handler_branches(env):
 
 
 def main():
-    target, llvm_bin = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
+    build_only = sys.argv[1:2] == ["--build-only"]
+    target, llvm_bin = Path(sys.argv[1 + build_only]).resolve(), Path(sys.argv[2 + build_only])
     floor = FLOOR.search((ROOT / "docs" / "helper.md").read_text())
     if not floor:
         sys.exit("docs/helper.md states no branch coverage of the requests")
     env = coverage_env(target, llvm_bin)
+    if build_only:
+        test_binary(env)
+        return
     subprocess.run(["cargo", "llvm-cov", "clean", "--workspace"], env=env, cwd=ROOT, check=True)
     run_as_nobody(test_binary(env), target)
     files = handler_branches(env)

@@ -442,12 +442,17 @@ impl Helper {
     /// as PID 1 of a new PID namespace, as a container's first process
     /// (`unshare --pid --fork`), printing the namespace's link on stderr
     /// first. The helper needs `--nested-pid-namespace` there to start.
+    /// `unshare` blocks SIGTERM while it waits for its child, so
+    /// [`Process`]'s drop ends it with SIGKILL, and the helper would live
+    /// on without it: `--kill-child` kills the helper (and with it the
+    /// namespace) when `unshare` dies.
     pub fn in_own_pid_namespace(dir: &Path, socket: &Path, extra: &[&str]) -> Command {
         let mut command = Command::new("unshare");
         command
             .args([
                 "--pid",
                 "--fork",
+                "--kill-child",
                 "sh",
                 "-c",
                 "readlink /proc/self/ns/pid >&2 && exec \"$0\" \"$@\"",
