@@ -2,7 +2,7 @@
 # needs, idempotently, so a fresh Debian machine needs nothing but this.
 
 CARGO ?= cargo
-APT_PACKAGES := e2fsprogs xfsprogs util-linux fdisk mount systemd python3-venv \
+APT_PACKAGES := e2fsprogs xfsprogs util-linux fdisk mount systemd python3-venv rsync \
 	golang-go golang-google-grpc-dev
 # Dependencies build without debug info (see Cargo.toml); two jobs fit the
 # machine's memory while the AWS SDK compiles.
@@ -364,7 +364,7 @@ instance-types: moto
 ## by deploy/build-copy.sh, else from git), not the commit's, so that a
 ## commit that changes no dependency rebuilds none.
 ifndef STATIC_IN_PLACE
-static: package-tools
+static: deps package-tools
 	deploy/build-copy.sh $(STATIC_COPY_DIR) worktree static
 else
 static: package-tools
