@@ -245,8 +245,10 @@ previous-helper:
 ## cached by commit outside the clone. Move the commit forward when a
 ## change to the packages should be crossed by an upgrade (the test needs it
 ## older than this build's: its package version is the commit's time),
-## preferably to one with this Cargo.lock.
-PREVIOUS_PACKAGE_COMMIT := 342b929783416db815fe79856ee01c2d07b112ff
+## preferably to one with this Cargo.lock and release profile: with another
+## Cargo.lock or another profile the dependencies are built twice, the AWS
+## SDK for EC2 too.
+PREVIOUS_PACKAGE_COMMIT := 9945bf31205cd5042d5742b85657914d16e9cdd5
 PREVIOUS_PACKAGE_DIR := $(abspath $(TARGET_DIR))/previous-package/$(PREVIOUS_PACKAGE_COMMIT)
 previous-package:
 	@if ! ls $(PREVIOUS_PACKAGE_DIR)/ebs-csi-node_*.deb >/dev/null 2>&1; then \
