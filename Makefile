@@ -169,25 +169,36 @@ test: test-deps
 	EBS_CSI_TEST_RUN=$$mark $(MAKE) --no-print-directory test-steps; status=$$?; \
 	python3 tests/leftovers.py $$mark || status=1; exit $$status
 
-# make test in three phases (docs/testing.md, "Where the time goes"). A
-# cargo build spends much of its time in one crate's single-threaded
-# compile (the AWS SDK for EC2), so the builds the tests need (the debug
-# build and vm's prerequisites: the static build, the previous package)
-# run side by side, with the downloads (the VM images, Python's packages)
-# beside them; then the tests, with
-# the builds only the later checks need under them at the lowest CPU and
-# I/O priority; then those checks.
-test-steps: package-tools
-	$(MAKE) --no-print-directory -j4 --output-sync=line test-build vm moto
-	$(MAKE) --no-print-directory -j2 --output-sync=line test-run test-background
-	$(MAKE) --no-print-directory bench-smoke fuzz-smoke validate-deploy instance-types budget coverage deny \
-	  image sbom packages build-copy-test repro-check docs
+# make test in phases (docs/testing.md, "How long it takes"). A cargo
+# build spends much of its time in one crate's single-threaded compile (the
+# AWS SDK for EC2), so the three builds the tests need (the debug build,
+# the static build, the previous package's) run two at a time and share
+# make's jobserver of two slots (the recipes that run cargo are marked +):
+# never more compilers than cores, which three builds each with jobs of
+# their own made 1.5 times slower in all, and never more than two AWS SDKs
+# in memory. The downloads (the VM images, Python's packages) go beside
+# the tools cargo installs first; the builds only the later checks need go
+# under the tests, at the lowest CPU and I/O priority.
+test-steps:
+	+@$(call phase,tools and downloads,-j3 vm-images moto package-tools)
+	+@$(call phase,the builds the tests need,-j2 test-build static previous-package)
+	+@$(call phase,the VMs' disks,vm)
+	+@$(call phase,the tests (and the checks' builds under them),-j2 test-run test-background)
+	+@$(call phase,the checks,bench-smoke fuzz-smoke validate-deploy instance-types budget coverage deny \
+	  image sbom packages build-copy-test repro-check docs)
+
+# phase WHAT,MAKE ARGUMENTS: a phase of make test, with its time.
+define phase
+	start=$$(date +%s); echo "make test: $(1) ..."; \
+	$(MAKE) --no-print-directory $(2) || exit 1; \
+	echo "make test: $(1): $$(( $$(date +%s) - start )) s"
+endef
 
 # The debug build of the workspace and of its tests, and the previous helper.
 test-build:
-	$(CARGO) build --workspace --bins
-	$(CARGO) test --workspace --no-run
-	$(MAKE) --no-print-directory previous-helper
+	+$(CARGO) build --workspace --bins
+	+$(CARGO) test --workspace --no-run
+	+$(MAKE) --no-print-directory previous-helper
 
 # The tests, as root with everything they need.
 test-run:
@@ -228,7 +239,7 @@ PREVIOUS_HELPER_COMMIT := 36c3c9f91dc4454c5fa9deddf38b58eae56e5552
 PREVIOUS_HELPER_DIR := $(abspath $(TARGET_DIR))/previous-helper
 PREVIOUS_HELPER := $(PREVIOUS_HELPER_DIR)/$(PREVIOUS_HELPER_COMMIT)/ebs-csi-helper
 previous-helper:
-	@if [ ! -x $(PREVIOUS_HELPER) ]; then \
+	+@if [ ! -x $(PREVIOUS_HELPER) ]; then \
 	  deploy/need-commit.sh $(PREVIOUS_HELPER_COMMIT) && \
 	  src=$$(mktemp -d) && git archive $(PREVIOUS_HELPER_COMMIT) | tar -x -C $$src && \
 	  CARGO_TARGET_DIR=$(PREVIOUS_HELPER_DIR)/target $(CARGO) build --quiet \
@@ -251,7 +262,7 @@ previous-helper:
 PREVIOUS_PACKAGE_COMMIT := 9945bf31205cd5042d5742b85657914d16e9cdd5
 PREVIOUS_PACKAGE_DIR := $(abspath $(TARGET_DIR))/previous-package/$(PREVIOUS_PACKAGE_COMMIT)
 previous-package:
-	@if ! ls $(PREVIOUS_PACKAGE_DIR)/ebs-csi-node_*.deb >/dev/null 2>&1; then \
+	+@if ! ls $(PREVIOUS_PACKAGE_DIR)/ebs-csi-node_*.deb >/dev/null 2>&1; then \
 	  deploy/build-copy.sh $(REPRO_TARGET_DIR) $(PREVIOUS_PACKAGE_COMMIT) static deb && \
 	  install -D -m 0644 -t $(PREVIOUS_PACKAGE_DIR) $(REPRO_TARGET_DIR)-tree/target/packages/ebs-csi-node_*.deb; \
 	fi
@@ -367,10 +378,10 @@ instance-types: moto
 ## commit that changes no dependency rebuilds none.
 ifndef STATIC_IN_PLACE
 static: deps package-tools
-	deploy/build-copy.sh $(STATIC_COPY_DIR) worktree static
+	+deploy/build-copy.sh $(STATIC_COPY_DIR) worktree static
 else
 static: package-tools
-	SOURCE_DATE_EPOCH=$${LOCK_DATE_EPOCH:-$$(git log -1 --format=%ct -- Cargo.lock)} \
+	+SOURCE_DATE_EPOCH=$${LOCK_DATE_EPOCH:-$$(git log -1 --format=%ct -- Cargo.lock)} \
 	RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$(CURDIR)=/ebs-csi --remap-path-prefix=$(abspath $(TARGET_DIR))=/target" \
 	  $(CARGO) auditable build --release --target $(STATIC_TARGET) \
 	  $(foreach b,$(BINARIES),-p $(b)) -p ebs-csi-tests $(foreach b,$(BINARIES) ebs-csi-vm-guest ebs-csi-vm-systemd,--bin $(b))
@@ -387,7 +398,7 @@ docs: build docs-tools
 ## repro-static: the reproducibility copy's static binaries alone (make
 ## test builds them under its tests; repro-check then finds them built).
 repro-static:
-	deploy/build-copy.sh $(REPRO_TARGET_DIR) worktree static
+	+deploy/build-copy.sh $(REPRO_TARGET_DIR) worktree static
 
 ## repro-check: the shipped binaries, the Debian packages and the OCI
 ## images built again from a copy of the tree in another directory, with a
