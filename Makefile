@@ -279,11 +279,13 @@ bench: deps moto static
 	$(VENV)/bin/python tests/bench/plot.py target/bench
 
 ## bench-smoke: the same code with tiny sizes and one repetition, so it cannot rot.
-bench-smoke: moto
+## (The workspace's build, not one package's: cargo resolves features per
+## selection, and -p ebs-csi-controller alone built the AWS SDK again.)
+bench-smoke: moto build
 	@mkdir -p target/bench-smoke && rm -f target/bench-smoke/ec2.txt
 	EBS_CSI_BENCH_SMOKE=1 EBS_CSI_BENCH_EC2=$(CURDIR)/target/bench-smoke/ec2.txt \
-	  $(CARGO) test --quiet -p ebs-csi-controller -- --ignored bench_
-	$(CARGO) run --quiet --bin ebs-csi-bench -- --smoke --out target/bench-smoke --ec2-rows target/bench-smoke/ec2.txt
+	  $(CARGO) test --quiet --workspace --lib -- --ignored bench_
+	$(TARGET_DIR)/debug/ebs-csi-bench --smoke --out target/bench-smoke --ec2-rows target/bench-smoke/ec2.txt
 	$(VENV)/bin/python tests/bench/plot.py target/bench-smoke
 
 # cargo fuzz needs nightly-only compiler flags; RUSTC_BOOTSTRAP lets the
