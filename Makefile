@@ -284,7 +284,7 @@ bench: deps moto static
 bench-smoke: moto build
 	@mkdir -p target/bench-smoke && rm -f target/bench-smoke/ec2.txt
 	EBS_CSI_BENCH_SMOKE=1 EBS_CSI_BENCH_EC2=$(CURDIR)/target/bench-smoke/ec2.txt \
-	  $(CARGO) test --quiet --workspace --lib -- --ignored bench_
+	  $(CARGO) test --quiet --workspace --bins -- --ignored bench_
 	$(TARGET_DIR)/debug/ebs-csi-bench --smoke --out target/bench-smoke --ec2-rows target/bench-smoke/ec2.txt
 	$(VENV)/bin/python tests/bench/plot.py target/bench-smoke
 
