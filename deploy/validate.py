@@ -24,7 +24,9 @@ failure and exits 1 if there was any.
 
 import fnmatch
 import functools
+import hashlib
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -39,6 +41,8 @@ import yaml
 from hcl2.utils import SerializationOptions
 
 NEWEST_KUBERNETES = "1.37"
+# PyYAML's binding of libyaml where the wheel has it (ten times faster).
+Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 DEPLOY = Path(__file__).resolve().parent
 
 
@@ -142,12 +146,24 @@ def validate_schema(where, obj, versions=None):
         check_snapshot_metadata_service(where, obj)
         return
     for version in versions or kubernetes_versions(DEPLOY):
-        try:
-            kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            fail(where, f"Kubernetes {version}: {'.'.join(map(str, e.path))}: {e.message}")
-        except kubernetes_validate.utils.SchemaNotFoundError as e:
-            fail(where, f"Kubernetes {version}: no schema: {e}")
+        problem = schema_problem(json.dumps(obj, sort_keys=True), version)
+        if problem:
+            fail(where, f"Kubernetes {version}: {problem}")
+
+
+@functools.cache
+def schema_problem(obj_json, version):
+    """What kubernetes-validate --strict finds wrong with the object (given
+    as JSON) in Kubernetes `version`, or None. Asked once per object and
+    version: kubernetes-validate reads the schema's files again at every
+    call, and the self-test checks the same objects once per break."""
+    try:
+        kubernetes_validate.validate(json.loads(obj_json), version, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        return f"{'.'.join(map(str, e.path))}: {e.message}"
+    except kubernetes_validate.utils.SchemaNotFoundError as e:
+        return f"no schema: {e}"
+    return None
 
 
 def containers(pod_spec):
@@ -312,12 +328,30 @@ def check_controller(where, deployment):
         fail(f"{where} liveness-probe", f"--probe-timeout {probe}s with the kubelet's timeoutSeconds {kubelet}")
 
 
-def render(kustomization):
-    """The objects `kubectl kustomize` renders from the directory."""
-    rendered = subprocess.run(
-        ["kubectl", "kustomize", str(kustomization)], check=True, capture_output=True, text=True
-    ).stdout
-    return [o for o in yaml.safe_load_all(rendered) if o]
+def render(kustomization, name=None):
+    """The objects `kubectl kustomize` renders from the directory. Its
+    output is read once per content of deploy/kubernetes/ and `name`
+    (what the kustomization is: by default its path under deploy/), so
+    that the self-test's breaks of other files render once."""
+    name = name or os.path.relpath(kustomization, DEPLOY)
+    key = (kubernetes_digest(), name)
+    if key not in RENDERED:
+        RENDERED[key] = subprocess.run(
+            ["kubectl", "kustomize", str(kustomization)], check=True, capture_output=True, text=True
+        ).stdout
+    return [o for o in yaml.load_all(RENDERED[key], Loader=Loader) if o]
+
+
+RENDERED = {}
+
+
+def kubernetes_digest():
+    """A digest of every file under deploy/kubernetes/: each one's path
+    under deploy/ and its contents (all a rendering can read)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in (DEPLOY / "kubernetes").rglob("*") if p.is_file()):
+        digest.update(os.path.relpath(path, DEPLOY).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def render_with_component(overlay, component):
@@ -330,7 +364,7 @@ def render_with_component(overlay, component):
             "components": [os.path.relpath(component, tmp)],
         }
         (Path(tmp) / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-        return render(tmp)
+        return render(tmp, f"{overlay} with {os.path.relpath(component, DEPLOY)}")
 
 
 def check_selinux_component():
@@ -467,7 +501,7 @@ def check_image(where, container):
 
 def check_examples():
     for path in sorted((DEPLOY / "kubernetes/examples").glob("*.yaml")):
-        for obj in yaml.safe_load_all(path.read_text()):
+        for obj in yaml.load_all(path.read_text(), Loader=Loader):
             where = f"{path.name}: {obj['kind']}/{obj['metadata']['name']}"
             # An example may need a newer Kubernetes than the driver (the
             # install guide says which): the newest schema only.
@@ -798,27 +832,41 @@ BREAKS = [
 
 
 def self_test(flags):
+    """Each break in a copy of deploy/ and docs/, in as many processes as
+    there are cores (each break is checked alone, in its own copy). The
+    unbroken tree is checked first, so that every process starts with its
+    renderings and schema answers."""
+    check_all(flags)
+    with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
+        missed = [m for m in pool.starmap(missed_break, [(flags, b) for b in BREAKS]) if m]
+    failures.clear()
+    failures.extend(missed)
+    print(f"self-test: {len(BREAKS)} breaks, {len(missed)} not reported")
+
+
+def missed_break(flags, brk):
+    """None if check_all reports the break in a copy, else what went
+    unreported."""
     global DEPLOY
-    original, missed = DEPLOY, []
-    for file, text, replacement, expected in BREAKS:
-        with tempfile.TemporaryDirectory() as copy:
-            DEPLOY = Path(copy) / "deploy"
+    file, text, replacement, expected = brk
+    original = DEPLOY
+    with tempfile.TemporaryDirectory() as copy:
+        DEPLOY = Path(copy) / "deploy"
+        try:
             shutil.copytree(original, DEPLOY)
             shutil.copytree(original.parent / "docs", DEPLOY.parent / "docs")
             target = DEPLOY / file
             content = target.read_text()
             if text not in content:
-                missed.append(f"{file}: {text!r} is not in the file")
-                continue
+                return f"{file}: {text!r} is not in the file"
             target.write_text(content.replace(text, replacement, 1))
             failures.clear()
             check_all(flags)
             if not any(expected in f for f in failures):
-                missed.append(f"{file}: {text!r} -> {replacement!r} was not reported ({failures})")
-    DEPLOY = original
-    failures.clear()
-    failures.extend(missed)
-    print(f"self-test: {len(BREAKS)} breaks, {len(missed)} not reported")
+                return f"{file}: {text!r} -> {replacement!r} was not reported ({failures})"
+            return None
+        finally:
+            DEPLOY = original
 
 
 def main():

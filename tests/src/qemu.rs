@@ -3,7 +3,8 @@
 //! console protocol the guest drivers speak. A guest prints
 //! `@@PLUG <id> <serial> [data|ext4-half|ext4-eio]` and `@@UNPLUG <id>` for the host
 //! to hot-plug or unplug an emulated NVMe disk through QMP, one
-//! `@@SCENARIO <n> ok: …` line per scenario, and `@@EXIT <status>` last.
+//! `@@SCENARIO <n> ok: …` line per scenario, `@@INFO` and `@@TIME` lines
+//! for the report, and `@@EXIT <status>` last.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

@@ -12,8 +12,8 @@
 //! inputs), the payload and the kernel into `target/vm`; `make test` sets
 //! `EBS_CSI_VM_DIR` to it. Built without the variable the tests are reported
 //! ignored with that reason; with it, missing files fail the test. Each
-//! suite's scenario lines, its boot time and its run time go to
-//! `report-<suite>.txt` there; a suite that fails prints the end of the
+//! suite's scenario lines, the guest's uptime at the end of each step, its
+//! boot time and its run time go to `report-<suite>.txt` there; a suite that fails prints the end of the
 //! guest's console (kernel and systemd), a guest that stopped answering
 //! too.
 #![allow(
@@ -29,6 +29,9 @@ use std::time::Duration;
 use ebs_csi_tests::qemu;
 
 /// One VM at a time: the machine has two cores, and TCG is slow enough.
+/// (Under cargo test, which runs both in this process; cargo nextest, as
+/// `make test` runs them, gives each a process and keeps every VM test in
+/// its `vm` group of one, `.config/nextest.toml`.)
 static ONE_VM: Mutex<()> = Mutex::new(());
 /// A suite's time limit, boot included.
 const SUITE_LIMIT: Duration = Duration::from_secs(360);
@@ -94,7 +97,7 @@ fn run_suite(suite: &str) {
     let mut report: Vec<String> = outcome
         .transcript
         .iter()
-        .filter(|l| l.starts_with("@@INFO") || l.starts_with("@@SCENARIO"))
+        .filter(|l| ["@@INFO", "@@SCENARIO", "@@TIME"].iter().any(|p| l.starts_with(p)))
         .cloned()
         .collect();
     report.push(format!("boot: {boot:.1} s; suite: {:.1} s", outcome.took.as_secs_f64()));

@@ -78,12 +78,29 @@ async fn main() {
     println!("@@PLUG b {}", serial(VOLUME_B));
     let mut node = NodeClient::new(channel(Path::new(CSI_SOCKET)).await);
     upgraded_from_the_previous_package(&mut node).await;
+    uptime("scenario 6");
     units_run_sandboxed().await;
+    uptime("scenario 1");
     visible_mounts_under_kubelet_modes(&mut node).await;
+    uptime("scenario 2");
     udev_links_and_hot_plug(&mut node).await;
+    uptime("scenario 3");
     agent_unprivileged_and_other_peers_refused();
+    uptime("scenario 4");
     regressed_units_fail_these_checks(&mut node, systemd).await;
+    uptime("scenario 5");
     purged_with_a_volume_staged(&mut node).await;
+    uptime("scenario 7");
+}
+
+/// Reports the guest's uptime (seconds, /proc/uptime) at the end of
+/// `step`, for the suite's timeline in its report.
+fn uptime(step: &str) {
+    let uptime = std::fs::read_to_string("/proc/uptime").unwrap();
+    println!(
+        "@@TIME {step} done at {} s",
+        uptime.split_whitespace().next().unwrap_or_default()
+    );
 }
 
 /// 1. Socket activation starts the helper on the agent's first call (the
