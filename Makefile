@@ -24,9 +24,11 @@ VENV := .venv
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 # What the tests are given: tests/build.rs makes cfgs of it and builds the
 # tests' package again whenever it changes, so every cargo build here is
-# given the same (the static builds none: see static).
-export EBS_CSI_VM_DIR ?= $(CURDIR)/$(VM_DIR)
-export EBS_CSI_PREVIOUS_HELPER ?= $(PREVIOUS_HELPER)
+# given the same (the static builds none: see static). This tree's, not
+# what the environment says: a make of another tree (make test-cold's) exports
+# its own.
+export EBS_CSI_VM_DIR = $(CURDIR)/$(VM_DIR)
+export EBS_CSI_PREVIOUS_HELPER = $(PREVIOUS_HELPER)
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 BINARIES := ebs-csi-agent ebs-csi-helper ebs-csi-controller
 

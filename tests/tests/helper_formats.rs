@@ -27,9 +27,13 @@ fn stage(sandbox: &Sandbox, volume: &LoopVolume, fs_type: FsType) -> Request {
 
 /// The most `mkfs` children of `helper` that existed at once until
 /// `finished`. Each new one is stopped as soon as it is seen, so none can
-/// end early; once no new one has appeared for 300 ms every free format
-/// slot is taken, the children are counted, and the stopped ones go on.
-fn peak_with_formats_frozen(helper: u32, finished: impl Fn() -> bool) -> usize {
+/// end early; the children are counted and the stopped ones go on once
+/// `limit` of them exist and no new one has appeared for 300 ms (time for
+/// one over the limit to show), or once none has appeared for 5 s with
+/// fewer: a loaded machine (the tests run side by side with builds) can
+/// take seconds to start the next format, and a quiet spell of 300 ms
+/// alone once counted one format where two were on their way.
+fn peak_with_formats_frozen(helper: u32, limit: usize, finished: impl Fn() -> bool) -> usize {
     let signal = |pid: u32, signal| {
         let _ = kill_process(Pid::from_raw(i32::try_from(pid).unwrap()).unwrap(), signal);
     };
@@ -41,7 +45,12 @@ fn peak_with_formats_frozen(helper: u32, finished: impl Fn() -> bool) -> usize {
             frozen.push(pid);
             since = Instant::now();
         }
-        if !frozen.is_empty() && since.elapsed() > Duration::from_millis(300) {
+        let quiet = if running.len() >= limit {
+            Duration::from_millis(300)
+        } else {
+            Duration::from_secs(5)
+        };
+        if !frozen.is_empty() && since.elapsed() > quiet {
             peak = peak.max(running.len());
             for pid in frozen.drain(..) {
                 signal(pid, Signal::CONT);
@@ -69,7 +78,7 @@ fn formats_run_in_parallel_up_to_the_limit() {
                 scope.spawn(|| helper.call(request))
             })
             .collect();
-        let peak = peak_with_formats_frozen(helper.process.pid(), || calls.iter().all(|c| c.is_finished()));
+        let peak = peak_with_formats_frozen(helper.process.pid(), 2, || calls.iter().all(|c| c.is_finished()));
         for call in calls {
             assert_eq!(call.join().unwrap().unwrap(), Reply::Done);
         }
