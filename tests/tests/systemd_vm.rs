@@ -30,8 +30,8 @@ use ebs_csi_tests::qemu;
 
 /// One VM at a time: the machine has two cores, and TCG is slow enough.
 /// (Under cargo test, which runs both in this process; cargo nextest, as
-/// `make test` runs them, gives each a process and keeps every VM test in
-/// its `vm` group of one, `.config/nextest.toml`.)
+/// `make test` runs them, gives each a process and runs every VM test
+/// alone, `.config/nextest.toml`.)
 static ONE_VM: Mutex<()> = Mutex::new(());
 /// A suite's time limit, boot included.
 const SUITE_LIMIT: Duration = Duration::from_secs(360);
