@@ -169,13 +169,15 @@ test-deps:
 
 ## test: unit tests, then the root-only integration tests that start the
 ## real helper and agent over loop devices, then the checks of what the
-## project ships. Every process it starts carries a mark of this run in
-## its environment (EBS_CSI_TEST_RUN); whatever of the run's own outlives
-## it (a process, a sandbox's mount or loop device) is reported and ended,
-## and fails the run (tests/leftovers.py).
+## project ships; in a copy of this tree at one path beside the build
+## cache, brought to it by content, so that a run with nothing changed
+## builds nothing (tests/test-tree.sh). Every process it starts carries a
+## mark of this run in its environment (EBS_CSI_TEST_RUN); whatever of the
+## run's own outlives it (a process, a sandbox's mount or loop device) is
+## reported and ended, and fails the run (tests/leftovers.py).
 test: test-deps
 	@mark=$$(od -An -N8 -tx8 /dev/urandom | tr -d ' '); \
-	EBS_CSI_TEST_RUN=$$mark $(MAKE) --no-print-directory test-steps; status=$$?; \
+	EBS_CSI_TEST_RUN=$$mark MAKE="$(MAKE)" tests/test-tree.sh $(TARGET_DIR) test-steps; status=$$?; \
 	python3 tests/leftovers.py $$mark || status=1; exit $$status
 
 # make test in phases (docs/testing.md, "How long it takes"). A cargo
@@ -185,14 +187,17 @@ test: test-deps
 # make's jobserver of two slots (the recipes that run cargo are marked +):
 # never more compilers than cores, which three builds each with jobs of
 # their own made 1.5 times slower in all, and never more than two AWS SDKs
-# in memory. The downloads (the VM images, Python's packages) go beside
-# the tools cargo installs first; the builds only the later checks need go
+# in memory. The debug build goes beside the downloads (the VM images,
+# Python's packages) and the tools cargo installs, which leave the CPU
+# idle while they wait; then the two release builds side by side (beside
+# the debug build, the last of the three ran alone for 15 minutes of a
+# cold run, one core idle). The builds only the later checks need go
 # under the tests, at the lowest CPU and I/O priority. The tests run side
 # by side (cargo-nextest, see test-run); the checks two at a time, each
 # one's output printed whole when it ends.
 test-steps:
-	+@$(call phase,tools and downloads,-j3 vm-images moto package-tools prebuilt-tools)
-	+@$(call phase,the builds the tests need,-j2 test-build static previous-package)
+	+@$(call phase,tools downloads and the debug build,-j3 vm-images moto package-tools prebuilt-tools test-build)
+	+@$(call phase,the release builds the tests need,-j2 static previous-package)
 	+@$(call phase,the VMs' disks,vm)
 	+@$(call phase,the tests (and the checks' builds under them),-j2 test-run test-background)
 	+@$(call phase,the checks,-j2 --output-sync=target bench-smoke fuzz-smoke validate-deploy instance-types \

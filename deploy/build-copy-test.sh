@@ -15,7 +15,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 repo=$work/repo
 mkdir -p "$repo/deploy" "$repo/a/src" "$repo/b/src"
-cp deploy/build-copy.sh deploy/need-commit.sh "$repo/deploy/"
+cp deploy/build-copy.sh deploy/copy-tree.sh deploy/need-commit.sh "$repo/deploy/"
 cd "$repo"
 printf '[workspace]\nmembers = ["a", "b"]\nresolver = "2"\n' > Cargo.toml
 printf '[package]\nname = "a"\nversion = "0.1.0"\nedition = "2021"\n' > a/Cargo.toml
