@@ -6,7 +6,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use ebs_csi_helper_client::ClientError;
 use ebs_csi_helper_proto::{
@@ -14,7 +16,7 @@ use ebs_csi_helper_proto::{
     UnpublishRequest, UnstageRequest, VolumeId, VolumeStatsRequest, VolumeUsage,
 };
 use ebs_csi_tests::loopdev::LoopVolume;
-use ebs_csi_tests::{Helper, Sandbox, require_root, stage_request};
+use ebs_csi_tests::{Helper, Sandbox, require_root, stage_request, wait_until};
 
 const VOLUME: &str = "vol-0aaaaaaaaaaaaaaa1";
 
@@ -33,6 +35,14 @@ fn this_agent_is_served_by_the_previous_helper() {
     );
     let sandbox = Sandbox::new();
     let helper = Helper::start_program(&previous, sandbox.path(), &[]);
+    // That helper binds its socket at its name and only then gives it its
+    // group and mode (today's binds at another name and renames it into
+    // place): until then the agent's uid cannot connect (EACCES).
+    wait_until(
+        "the previous helper's socket to get its mode",
+        Duration::from_secs(10),
+        || std::fs::metadata(&helper.socket).is_ok_and(|m| m.permissions().mode() & 0o777 == 0o660),
+    );
     assert_eq!(
         helper.call(Request::Ping).unwrap(),
         Reply::Pong {
@@ -41,7 +51,7 @@ fn this_agent_is_served_by_the_previous_helper() {
     );
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 64);
     let staging = sandbox.staging(VOLUME);
-    let target = sandbox.target("pod-1", VOLUME);
+    let target = sandbox.target("pod-1", VOLUME, VOLUME);
     let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
     let device = path(&volume.device);
     let volume_id = || VolumeId::parse(VOLUME).unwrap();
