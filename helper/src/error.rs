@@ -34,6 +34,19 @@ pub const FOREIGN_MOUNT: &str = "is a mount the helper does not make";
 /// CSI volume holds anything before the volume is mounted there.
 pub const NOT_EMPTY: &str = "holds files; only an empty directory or an empty file is mounted over";
 
+/// The reason of [`HelperError::PathRefused`] for a staging path named by
+/// another volume's hash (kubelet's is sha256 of the volume handle).
+pub const OTHER_VOLUMES_HASH: &str = "is named by another volume's hash (kubelet's is sha256 of the volume id)";
+
+/// The reason of [`HelperError::PathRefused`] for a path without kubelet's
+/// record of its volume, or with one kubelet did not write.
+pub const NO_VOLUME_RECORD: &str = "has no record of its volume from kubelet beside it (vol_data.json: a file of the \
+     helper's user, written by no one else, a JSON object of at most 64 KiB)";
+
+/// The reason of [`HelperError::PathRefused`] for a path whose kubelet
+/// record names another driver or another volume.
+pub const OTHER_VOLUMES_RECORD: &str = "is another driver's or another volume's, as kubelet's record beside it says";
+
 /// Why a path is refused: the `reason` of [`HelperError::PathRefused`], one
 /// variant per check, in the order of `docs/helper.md` ("Paths", then the
 /// requests).
@@ -60,6 +73,15 @@ pub enum PathRefusal {
     /// A parent is a mount point, or leaves its root.
     #[error("{}", CROSSES_MOUNT)]
     CrossesMount,
+    /// A staging path named by another volume's hash.
+    #[error("{}", OTHER_VOLUMES_HASH)]
+    OtherVolumesHash,
+    /// No record of the volume from kubelet beside the path.
+    #[error("{}", NO_VOLUME_RECORD)]
+    NoVolumeRecord,
+    /// kubelet's record beside the path names another driver or volume.
+    #[error("{}", OTHER_VOLUMES_RECORD)]
+    OtherVolumesRecord,
     /// A parent is not a directory.
     #[error("a parent component is not a directory")]
     ParentNotDirectory,

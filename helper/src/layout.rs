@@ -17,6 +17,19 @@ pub enum Layout {
     Nomad,
 }
 
+/// kubelet's record of a volume, beside its staging path and targets.
+pub const RECORD: &str = "vol_data.json";
+
+/// What binds a path to a volume ([`Layout::binding`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Binding<'p> {
+    /// The path's hash component, sha256 of the volume id in lower-case
+    /// hex, where it has one.
+    pub hash: Option<&'p str>,
+    /// kubelet's record of the volume, as components beneath the root.
+    pub record: Vec<&'p str>,
+}
+
 /// What a path is for in a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -36,9 +49,8 @@ impl Layout {
     /// Whether `below`, the components beneath a root, is a path of `role`:
     /// - kubelet (kubernetes `pkg/volume/csi/`): staging
     ///   `plugins/kubernetes.io/csi/<driver>/<sha256 hex of the volume
-    ///   handle>/globalmount` (`csi_attacher.go`, `MakeDeviceMountPath`) or,
-    ///   before Kubernetes 1.24, `plugins/kubernetes.io/csi/pv/<pv>/globalmount`;
-    ///   target `pods/<pod uid>/volumes/kubernetes.io~csi/<pv>/mount`
+    ///   handle>/globalmount` (`csi_attacher.go`, `MakeDeviceMountPath`;
+    ///   Kubernetes 1.24 and later, and the minimum is 1.33); target `pods/<pod uid>/volumes/kubernetes.io~csi/<pv>/mount`
     ///   (`csi_mounter.go`, `GetPath`); raw block target
     ///   `plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<pod uid>`
     ///   (`csi_block.go`, `getPublishPath`);
@@ -64,13 +76,48 @@ impl Layout {
 
     fn is_staging(self, below: &[&str]) -> bool {
         match (self, below) {
-            (Self::Kubelet, ["plugins", "kubernetes.io", "csi", "pv", _, "globalmount"]) => true,
             (Self::Kubelet, ["plugins", "kubernetes.io", "csi", driver, hash, "globalmount"]) => {
                 *driver == DRIVER_NAME && hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit())
             }
             (Self::Nomad, ["staging", _, _] | ["staging", _, _, _]) => true,
             _ => false,
         }
+    }
+
+    /// What binds `below`, a path of this layout (as [`Layout::accepts`]
+    /// judged it), to the volume it may hold; `None` where nothing does.
+    /// kubelet's paths (kubernetes `pkg/volume/csi/`, `../shared/DESIGN.md`
+    /// §12): a staging path's hash is sha256 of the volume handle, and
+    /// kubelet writes its record of the volume (`vol_data.json`: the
+    /// driver's name, the volume handle) before it asks the plugin to stage
+    /// or publish — beside the staging path (`csi_attacher.go`,
+    /// `MountDevice`), in the target's parent (`csi_mounter.go`, `SetUpAt`)
+    /// and, for a raw block target, in `volumeDevices/<pv>/data`
+    /// (`csi_block.go`, `SetUpDevice`). Nomad's paths carry Nomad's own
+    /// volume id, which need not be the EBS volume's, and it keeps no record
+    /// beside them.
+    pub fn binding<'p>(self, below: &[&'p str]) -> Option<Binding<'p>> {
+        let (hash, record) = match (self, below) {
+            (Self::Kubelet, [plugins, k8s, csi, driver, hash, "globalmount"]) => {
+                (Some(*hash), vec![*plugins, *k8s, *csi, *driver, *hash, RECORD])
+            }
+            (Self::Kubelet, [pods, pod, volumes, csi, pv, "mount"]) => {
+                (None, vec![*pods, *pod, *volumes, *csi, *pv, RECORD])
+            }
+            (Self::Kubelet, [plugins, k8s, csi, "volumeDevices", "publish", pv, _]) => {
+                (None, vec![*plugins, *k8s, *csi, "volumeDevices", *pv, "data", RECORD])
+            }
+            _ => return None,
+        };
+        Some(Binding { hash, record })
+    }
+
+    /// Whether the helper creates a missing parent of a target: Nomad's
+    /// (its per-allocation directories), not kubelet's, which kubelet makes
+    /// itself before it asks to publish (mode 0750; `csi_mounter.go`,
+    /// `csi_block.go`): a missing one names no pod kubelet knows.
+    pub fn creates_target_parents(self) -> bool {
+        self == Self::Nomad
     }
 
     fn is_target(self, below: &[&str]) -> bool {
@@ -106,7 +153,6 @@ mod tests {
         let staging = format!("plugins/kubernetes.io/csi/ebs.csi.aws.com/{hash}/globalmount");
         let kubelet = |role, path: &str| Layout::Kubelet.accepts(role, &parts(path));
         assert!(kubelet(Role::Staging, &staging));
-        assert!(kubelet(Role::Staging, "plugins/kubernetes.io/csi/pv/pv-1/globalmount"));
         assert!(kubelet(Role::Target, "pods/uid/volumes/kubernetes.io~csi/pv-1/mount"));
         assert!(kubelet(
             Role::BlockTarget,
@@ -125,6 +171,7 @@ mod tests {
             "pods/uid/volumes/kubernetes.io~csi/pv-1/mount/x",
             "plugins/kubernetes.io/csi/efs.csi.aws.com/{hash}/globalmount",
             "plugins/kubernetes.io/csi/ebs.csi.aws.com/short/globalmount",
+            "plugins/kubernetes.io/csi/pv/pv-1/globalmount",
             "plugins/ebs.csi.aws.com/staging",
             "pki/x",
         ] {
@@ -134,6 +181,43 @@ mod tests {
         assert!(!kubelet(Role::Target, &staging), "a staging path is no target");
         assert!(!kubelet(Role::Staging, "pods/uid/volumes/kubernetes.io~csi/pv-1/mount"));
         assert!(!Layout::Kubelet.accepts(Role::Staging, &parts("staging/vol/rw-file-system")));
+    }
+
+    #[test]
+    fn kubelets_paths_are_bound_by_hash_and_record_nomads_are_not() {
+        let hash = "a".repeat(64);
+        let staging = format!("plugins/kubernetes.io/csi/ebs.csi.aws.com/{hash}/globalmount");
+        assert_eq!(
+            Layout::Kubelet.binding(&parts(&staging)),
+            Some(Binding {
+                hash: Some(&hash),
+                record: parts(&format!(
+                    "plugins/kubernetes.io/csi/ebs.csi.aws.com/{hash}/vol_data.json"
+                )),
+            })
+        );
+        assert_eq!(
+            Layout::Kubelet.binding(&parts("pods/uid/volumes/kubernetes.io~csi/pv-1/mount")),
+            Some(Binding {
+                hash: None,
+                record: parts("pods/uid/volumes/kubernetes.io~csi/pv-1/vol_data.json"),
+            })
+        );
+        assert_eq!(
+            Layout::Kubelet.binding(&parts("plugins/kubernetes.io/csi/volumeDevices/publish/pv-1/uid")),
+            Some(Binding {
+                hash: None,
+                record: parts("plugins/kubernetes.io/csi/volumeDevices/pv-1/data/vol_data.json"),
+            })
+        );
+        let usage = "rw-file-system-single-node-writer";
+        assert_eq!(Layout::Nomad.binding(&parts(&format!("staging/vol-a/{usage}"))), None);
+        assert_eq!(
+            Layout::Nomad.binding(&parts(&format!("per-alloc/alloc-1/vol-a/{usage}"))),
+            None
+        );
+        assert!(!Layout::Kubelet.creates_target_parents());
+        assert!(Layout::Nomad.creates_target_parents());
     }
 
     #[test]

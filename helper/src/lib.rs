@@ -23,6 +23,7 @@ pub mod mount;
 pub mod mounts;
 pub mod options;
 pub mod path;
+pub mod record;
 pub mod server;
 pub mod stop;
 mod sys;

@@ -17,11 +17,12 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use ebs_csi_helper_proto::HelperError;
+use ebs_csi_helper_proto::{HelperError, VolumeId};
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
 use crate::error::{Operation, PathRefusal};
-use crate::layout::{Layout, Role};
+use crate::layout::{DRIVER_NAME, Layout, Role};
+use crate::record;
 
 /// The longest path accepted, in bytes (Linux `PATH_MAX`).
 const PATH_MAX: usize = 4096;
@@ -44,6 +45,7 @@ struct Root {
 #[derive(Debug)]
 pub struct SafePath<'r> {
     root: &'r Root,
+    layout: Layout,
     /// Components below the root, the last being the path's own name.
     below: Vec<String>,
     text: String,
@@ -117,6 +119,7 @@ impl AllowedRoots {
         }
         Ok(SafePath {
             root,
+            layout: self.layout,
             below: parts[root.components.len()..].iter().map(|c| (*c).to_owned()).collect(),
             text: path.to_owned(),
         })
@@ -167,6 +170,62 @@ impl SafePath<'_> {
 
     /// The walk of [`SafePath::open_parent`]; `None` when a parent is
     /// missing and not to be created.
+    /// Proves the path is `volume_id`'s where its layout binds it to a
+    /// volume ([`Layout::binding`]): its hash is sha256 of the volume id,
+    /// and kubelet's record beside it ([`crate::record`]) names this driver
+    /// and this volume. A path of a layout that binds nothing passes.
+    ///
+    /// # Errors
+    /// [`HelperError::PathRefused`]: [`PathRefusal::OtherVolumesHash`],
+    /// [`PathRefusal::NoVolumeRecord`] (missing, or not as kubelet writes
+    /// it), [`PathRefusal::OtherVolumesRecord`], or the reason the way to
+    /// the record is refused (a symlink, a mount point crossed).
+    pub fn check_bound(&self, volume_id: &VolumeId) -> Result<(), HelperError> {
+        let below: Vec<&str> = self.below.iter().map(String::as_str).collect();
+        let Some(binding) = self.layout.binding(&below) else {
+            return Ok(());
+        };
+        let refuse = |reason: PathRefusal| reason.of(&self.text);
+        if binding
+            .hash
+            .is_some_and(|hash| hash != record::sha256_hex(volume_id.as_str()))
+        {
+            return Err(refuse(PathRefusal::OtherVolumesHash));
+        }
+        let fd = self.open_record(&binding.record).map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => refuse(PathRefusal::NoVolumeRecord),
+            _ => self.error(e),
+        })?;
+        let (driver, volume) = record::read(&fd).ok_or_else(|| refuse(PathRefusal::NoVolumeRecord))?;
+        if driver != DRIVER_NAME || volume != volume_id.as_str() {
+            return Err(refuse(PathRefusal::OtherVolumesRecord));
+        }
+        Ok(())
+    }
+
+    /// Whether a missing parent of this path is created (Publish's
+    /// target): as its layout says ([`Layout::creates_target_parents`]).
+    pub fn creates_parents(&self) -> bool {
+        self.layout.creates_target_parents()
+    }
+
+    /// Opens the file at `components` beneath the path's root for reading,
+    /// through no symlink or mount point, without blocking on a FIFO.
+    fn open_record(&self, components: &[&str]) -> io::Result<OwnedFd> {
+        let (name, parents) = components.split_last().ok_or(io::ErrorKind::InvalidInput)?;
+        let mut dir = rustix::io::fcntl_dupfd_cloexec(&self.root.dir, 0)?;
+        for parent in parents {
+            dir = open_dir_beneath(&dir, parent)?;
+        }
+        Ok(rustix::fs::openat2(
+            &dir,
+            *name,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS | ResolveFlags::NO_XDEV,
+        )?)
+    }
+
     fn walk_parents(&self, create: bool) -> Result<Option<OwnedFd>, HelperError> {
         let parents = &self.below[..self.below.len() - 1];
         let mut dir = rustix::io::fcntl_dupfd_cloexec(&self.root.dir, 0).map_err(|e| self.error(e.into()))?;

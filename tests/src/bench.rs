@@ -178,10 +178,8 @@ impl Node {
 
 impl Stager {
     fn paths(&self, volume_id: &str) -> (String, String) {
-        let staging = crate::make_dir(&crate::kubelet_staging(&self.kubelet, volume_id));
-        let target = self.kubelet.join(format!(
-            "pods/pod-{volume_id}/volumes/kubernetes.io~csi/{volume_id}/mount"
-        ));
+        let staging = crate::kubelet_staging(&self.kubelet, volume_id);
+        let target = crate::kubelet_target(&self.kubelet, &format!("pod-{volume_id}"), volume_id, volume_id);
         (
             staging.to_string_lossy().into_owned(),
             target.to_string_lossy().into_owned(),

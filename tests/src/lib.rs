@@ -142,34 +142,27 @@ impl Sandbox {
     }
 
     /// kubelet's staging path of the volume `volume_id` beneath
-    /// [`Sandbox::kubelet`], created empty as kubelet creates it:
-    /// `plugins/kubernetes.io/csi/ebs.csi.aws.com/<sha256 of the volume
-    /// handle>/globalmount` (kubernetes `pkg/volume/csi/csi_attacher.go`).
+    /// [`Sandbox::kubelet`], made as kubelet makes it: empty, with
+    /// kubelet's record of the volume beside it ([`kubelet_staging`]).
     pub fn staging(&self, volume_id: &str) -> PathBuf {
-        make_dir(&kubelet_staging(&self.kubelet(), volume_id))
+        kubelet_staging(&self.kubelet(), volume_id)
     }
 
-    /// kubelet's target path of the volume `pv` in pod `pod` beneath
-    /// [`Sandbox::kubelet`]: `pods/<pod>/volumes/kubernetes.io~csi/<pv>/mount`
-    /// (`csi_mounter.go`), its parent created, itself not (the plugin
-    /// creates it).
-    pub fn target(&self, pod: &str, pv: &str) -> PathBuf {
-        let target = self
-            .kubelet()
-            .join(format!("pods/{pod}/volumes/kubernetes.io~csi/{pv}/mount"));
-        make_dir(target.parent().expect("parent"));
-        target
+    /// kubelet's target path of the volume `volume_id` as the PV `pv` in pod
+    /// `pod` beneath [`Sandbox::kubelet`]:
+    /// `pods/<pod>/volumes/kubernetes.io~csi/<pv>/mount` (`csi_mounter.go`),
+    /// its parent made with kubelet's record of the volume in it, itself
+    /// not (the plugin creates it).
+    pub fn target(&self, pod: &str, pv: &str, volume_id: &str) -> PathBuf {
+        kubelet_target(&self.kubelet(), pod, pv, volume_id)
     }
 
-    /// kubelet's raw block target of the volume `pv` in pod `pod`:
-    /// `plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<pod>`
-    /// (`csi_block.go`), its parent created, itself not.
-    pub fn block_target(&self, pod: &str, pv: &str) -> PathBuf {
-        let target = self
-            .kubelet()
-            .join(format!("plugins/kubernetes.io/csi/volumeDevices/publish/{pv}/{pod}"));
-        make_dir(target.parent().expect("parent"));
-        target
+    /// kubelet's raw block target of the volume `volume_id` as the PV `pv`
+    /// in pod `pod`: `plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<pod>`
+    /// (`csi_block.go`), its parent made and kubelet's record of the volume
+    /// in `volumeDevices/<pv>/data`, itself not.
+    pub fn block_target(&self, pod: &str, pv: &str, volume_id: &str) -> PathBuf {
+        kubelet_block_target(&self.kubelet(), pod, pv, volume_id)
     }
 
     /// The device tree the agent is pointed at (`--dev-dir`).
@@ -190,15 +183,56 @@ impl Sandbox {
 }
 
 /// kubelet's staging path of the volume `volume_id` beneath its root
-/// `kubelet`: `plugins/kubernetes.io/csi/ebs.csi.aws.com/<sha256 of the
-/// volume handle>/globalmount` (kubernetes `pkg/volume/csi/csi_attacher.go`,
-/// `MakeDeviceMountPath`).
+/// `kubelet`, made as kubelet makes it before NodeStageVolume (kubernetes
+/// `pkg/volume/csi/csi_attacher.go`, `MountDevice`): an empty directory
+/// `plugins/kubernetes.io/csi/ebs.csi.aws.com/<sha256 of the volume
+/// handle>/globalmount` (`MakeDeviceMountPath`) and kubelet's record of
+/// the volume beside it ([`write_kubelet_record`]).
 pub fn kubelet_staging(kubelet: &Path, volume_id: &str) -> PathBuf {
     let hash: String = sha2::Sha256::digest(volume_id.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    kubelet.join(format!("plugins/kubernetes.io/csi/ebs.csi.aws.com/{hash}/globalmount"))
+    let dir = make_dir(&kubelet.join(format!("plugins/kubernetes.io/csi/ebs.csi.aws.com/{hash}")));
+    write_kubelet_record(&dir, volume_id);
+    make_dir(&dir.join("globalmount"))
+}
+
+/// kubelet's target path of the volume `volume_id` as the PV `pv` in pod
+/// `pod` beneath its root `kubelet`, made as kubelet makes it before
+/// NodePublishVolume (`csi_mounter.go`, `SetUpAt`): the directory
+/// `pods/<pod>/volumes/kubernetes.io~csi/<pv>` with kubelet's record of the
+/// volume in it; the target, `mount` in it, is the plugin's to create.
+pub fn kubelet_target(kubelet: &Path, pod: &str, pv: &str, volume_id: &str) -> PathBuf {
+    let dir = make_dir(&kubelet.join(format!("pods/{pod}/volumes/kubernetes.io~csi/{pv}")));
+    write_kubelet_record(&dir, volume_id);
+    dir.join("mount")
+}
+
+/// kubelet's raw block target of the volume `volume_id` as the PV `pv` in
+/// pod `pod` beneath its root `kubelet`, made as kubelet makes it
+/// (`csi_block.go`, `SetUpDevice` and `publishVolumeForBlock`): its record
+/// of the volume in `plugins/kubernetes.io/csi/volumeDevices/<pv>/data`,
+/// the directory `volumeDevices/publish/<pv>`; the target, `<pod>` in it,
+/// is the plugin's to create.
+pub fn kubelet_block_target(kubelet: &Path, pod: &str, pv: &str, volume_id: &str) -> PathBuf {
+    let devices = kubelet.join("plugins/kubernetes.io/csi/volumeDevices");
+    write_kubelet_record(&make_dir(&devices.join(pv).join("data")), volume_id);
+    make_dir(&devices.join("publish").join(pv)).join(pod)
+}
+
+/// Writes kubelet's record of the volume `volume_id` of this driver,
+/// `vol_data.json`, into `dir`, as kubelet writes it (kubernetes
+/// `pkg/volume/csi/csi_util.go`, `saveVolumeData`: a JSON object of
+/// strings, root's, mode 0644); the helper publishes and stages only
+/// where it names the volume.
+pub fn write_kubelet_record(dir: &Path, volume_id: &str) {
+    let record = format!(
+        r#"{{"driverName":"ebs.csi.aws.com","volumeHandle":"{volume_id}","specVolID":"pv-{volume_id}","volumeLifecycleMode":"Persistent"}}"#
+    );
+    let path = dir.join("vol_data.json");
+    std::fs::write(&path, record).expect("vol_data.json");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
 }
 
 /// Links `<dir>/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol…` to the

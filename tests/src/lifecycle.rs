@@ -380,19 +380,20 @@ impl Driver {
             .map_err(status)?
             .into_inner()
             .publish_context;
+        // kubelet's staging and target paths, made as kubelet makes them
+        // (its record of the volume beside each): a directory to mount on,
+        // or for a raw block volume a file to bind the device on.
         let staging = crate::kubelet_staging(&self.kubelet, volume_id);
-        std::fs::create_dir_all(&staging).map_err(|e| e.to_string())?;
-        // kubelet's target path: a directory to mount on, or for a raw
-        // block volume a file to bind the device on.
+        let pod = format!("pod-{name}");
         let target = match self.capability.access_type {
-            Some(AccessType::Block(_)) => format!("plugins/kubernetes.io/csi/volumeDevices/publish/{name}/pod-{name}"),
-            _ => format!("pods/pod-{name}/volumes/kubernetes.io~csi/{name}/mount"),
+            Some(AccessType::Block(_)) => crate::kubelet_block_target(&self.kubelet, &pod, name, volume_id),
+            _ => crate::kubelet_target(&self.kubelet, &pod, name, volume_id),
         };
         Ok(NodeVolume {
             volume_id: volume_id.into(),
             device_path: context.get("devicePath").cloned().unwrap_or_default(),
             staging,
-            target: self.kubelet.join(target),
+            target,
         })
     }
 

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ebs_csi_helper::device::Refusal;
-use ebs_csi_helper::error::{CROSSES_MOUNT, FOREIGN_MOUNT, NOT_A_MOUNT_POINT, NOT_ITS_SHAPE};
+use ebs_csi_helper::error::{CROSSES_MOUNT, FOREIGN_MOUNT, NOT_A_MOUNT_POINT, NOT_ITS_SHAPE, OTHER_VOLUMES_HASH};
 use ebs_csi_helper::exec::Tool;
 use ebs_csi_helper_client::ClientError;
 use ebs_csi_helper_proto::{
@@ -164,7 +164,7 @@ fn symlinked_devices_are_refused_whatever_they_point_to() {
     let b = LoopVolume::create(sandbox.path(), B, 64);
     run("mkfs.ext4", &["-q", &text(&b.device)]);
     let staging = sandbox.staging(B);
-    let block_target = sandbox.block_target("pod-b", B);
+    let block_target = sandbox.block_target("pod-b", B, B);
     let unchanged = Unchanged::record(&sandbox, &[&a, &b]);
     let shm = sandbox.mkdir("shm-links");
     let mut nodes = DevNodes(Vec::new());
@@ -197,14 +197,15 @@ fn symlinked_devices_are_refused_whatever_they_point_to() {
             swaps
         }
     });
+    let staging_a = sandbox.staging(A);
     for _ in 0..200 {
         let link = shm.join("l1");
         expect_refused(
             &helper,
-            stage(A, &link, &staging),
+            stage(A, &link, &staging_a),
             &device_refused(&text(&link), A, Refusal::NotKernelName),
         );
-        assert!(!is_mounted(&staging), "a symlinked device was mounted");
+        assert!(!is_mounted(&staging_a), "a symlinked device was mounted");
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     assert!(
@@ -300,14 +301,14 @@ fn unpublish_removes_only_empty_mount_points() {
     let kubelet = sandbox.kubelet();
     // Each at a path of a target's shape, so that the checks beyond the
     // shape are what refuses it.
-    let notes = sandbox.target("p1", "pv-notes");
+    let notes = sandbox.target("p1", "pv-notes", A);
     std::fs::write(&notes, "a pod's file").unwrap();
-    let socket_path = sandbox.block_target("p1", "pv-socket");
+    let socket_path = sandbox.block_target("p1", "pv-socket", A);
     let _listener = std::os::unix::net::UnixListener::bind(&socket_path).unwrap();
-    let agents_empty = sandbox.target("p1", "pv-agent");
+    let agents_empty = sandbox.target("p1", "pv-agent", A);
     std::fs::write(&agents_empty, "").unwrap();
     std::os::unix::fs::chown(&agents_empty, Some(AGENT_UID), Some(AGENT_UID)).unwrap();
-    let volume = sandbox.target("p2", "pv-tmpfs");
+    let volume = sandbox.target("p2", "pv-tmpfs", A);
     mount_tmpfs(&volume);
     std::fs::write(volume.join("data.db"), "another pod's data").unwrap();
     let p3_volumes = kubelet.join("pods/p3/volumes");
@@ -333,7 +334,7 @@ fn unpublish_removes_only_empty_mount_points() {
         std::fs::read_to_string(volume.join("data.db")).unwrap(),
         "another pod's data"
     );
-    let leftover = sandbox.target("p1", "pv");
+    let leftover = sandbox.target("p1", "pv", A);
     ebs_csi_tests::make_dir(&leftover);
     assert_eq!(helper.call(unpublish(&leftover)).unwrap(), Reply::Done);
     assert!(!leftover.exists(), "an empty mount point the helper made stays behind");
@@ -353,8 +354,8 @@ fn publish_binds_only_the_volumes_staged_filesystem() {
     let secret = kubelet.join("pods/victim/volumes/kubernetes.io~secret/s");
     mount_tmpfs(&secret);
     std::fs::write(secret.join("token"), "victim's token").unwrap();
-    // Another driver's volume, staged where kubelet stages every driver's
-    // in its older layout.
+    // Another driver's volume, staged where kubelet staged every driver's
+    // before Kubernetes 1.24 (a shape the helper no longer accepts: A10).
     let foreign = kubelet.join("plugins/kubernetes.io/csi/pv/pv-other/globalmount");
     mount_tmpfs(&foreign);
     std::fs::write(foreign.join("data"), "another driver's volume").unwrap();
@@ -368,28 +369,26 @@ fn publish_binds_only_the_volumes_staged_filesystem() {
     std::fs::write(other_target.join("file"), "p2's file").unwrap();
     let other_devices = kubelet.join("plugins/kubernetes.io/csi/volumeDevices/publish/pv-2");
     mount_tmpfs(&other_devices);
-    let other_staging = kubelet.join("plugins/kubernetes.io/csi/pv/pv-2");
+    let devices_data = kubelet.join("plugins/kubernetes.io/csi/volumeDevices/pv-2/data");
+    ebs_csi_tests::write_kubelet_record(&ebs_csi_tests::make_dir(&devices_data), A);
+    let other_staging = ebs_csi_tests::kubelet_staging(&kubelet, A);
+    let other_staging = other_staging.parent().unwrap().to_owned();
     mount_tmpfs(&other_staging);
     std::fs::create_dir(other_staging.join("globalmount")).unwrap();
     // B is mounted: ext4's lazy inode-table initialisation writes to it on
     // its own, so only the blank A's bytes are compared.
     let unchanged = Unchanged::record(&sandbox, &[&a]);
-    let leak = sandbox.target("p-leak", "pv-leak");
-    let not_staged = |path: &Path| HelperError::NotStaged {
-        path: text(path),
-        volume_id: A.to_owned(),
-    };
+    let leak = sandbox.target("p-leak", "pv-leak", A);
     expect_refused(
         &helper,
         publish_staged(A, &a.device, &secret, &leak),
         &path_refused(&secret, NOT_ITS_SHAPE),
     );
-    for staging in [&foreign, &staging_b] {
-        expect_refused(
-            &helper,
-            publish_staged(A, &a.device, staging, &leak),
-            &not_staged(staging),
-        );
+    for (staging, refusal) in [
+        (&foreign, path_refused(&foreign, NOT_ITS_SHAPE)),
+        (&staging_b, path_refused(&staging_b, OTHER_VOLUMES_HASH)),
+    ] {
+        expect_refused(&helper, publish_staged(A, &a.device, staging, &leak), &refusal);
     }
     let cases = [
         (
@@ -408,7 +407,7 @@ fn publish_binds_only_the_volumes_staged_filesystem() {
     unchanged.assert("binds of what is not the volume");
     assert!(!leak.exists() && !other_devices.join("p2").exists());
     assert_eq!(std::fs::read_to_string(other_target.join("file")).unwrap(), "p2's file");
-    let target = kubelet.join("pods/p1/volumes/kubernetes.io~csi/pv/mount");
+    let target = sandbox.target("p1", "pv", B);
     assert_eq!(
         helper.call(publish_staged(B, &b.device, &staging_b, &target)).unwrap(),
         Reply::Done
@@ -421,7 +420,7 @@ fn publish_binds_only_the_volumes_staged_filesystem() {
         })
     };
     assert_eq!(helper.call(unstage(&staging_b)).unwrap(), Reply::Done);
-    expect_refused(&helper, unstage(&foreign), &path_refused(&foreign, FOREIGN_MOUNT));
+    expect_refused(&helper, unstage(&foreign), &path_refused(&foreign, NOT_ITS_SHAPE));
     expect_refused(&helper, unstage(&secret), &path_refused(&secret, NOT_ITS_SHAPE));
     assert!(
         is_mounted(&secret) && is_mounted(&foreign),
@@ -460,7 +459,7 @@ fn fifos_and_ttys_are_refused_without_being_opened() {
     .unwrap();
     std::thread::scope(|scope| {
         let staged = scope.spawn(|| helper.call(stage(A, &fifo, &staging)));
-        let missing = sandbox.target("p-missing", "pv");
+        let missing = sandbox.target("p-missing", "pv", A);
         assert_eq!(
             helper.call(unpublish(&missing)).unwrap(),
             Reply::Done,
@@ -501,7 +500,7 @@ fn devices_in_use_are_neither_staged_nor_published_raw() {
     let helper = Helper::start(&sandbox, &["--allowed-root", &text(&host_root)]);
     let raw = LoopVolume::create(sandbox.path(), A, 64);
     let staged = LoopVolume::create(sandbox.path(), B, 64);
-    let block_target = sandbox.block_target("a", A);
+    let block_target = sandbox.block_target("a", A, A);
     assert_eq!(
         helper.call(publish_device(A, &raw.device, &block_target)).unwrap(),
         Reply::Done
@@ -527,7 +526,7 @@ fn devices_in_use_are_neither_staged_nor_published_raw() {
     );
     expect_refused(
         &helper,
-        publish_device(B, &staged.device, &sandbox.block_target("b", B)),
+        publish_device(B, &staged.device, &sandbox.block_target("b", B, B)),
         &device_refused(&text(&staged.device), B, Refusal::FilesystemMounted),
     );
     expect_refused(
@@ -547,7 +546,7 @@ fn devices_in_use_are_neither_staged_nor_published_raw() {
         .read_exact(&mut written)
         .unwrap();
     assert!(written == pattern, "the raw volume's data changed");
-    assert!(!sandbox.block_target("b", B).exists() && !host_root.join("x").exists());
+    assert!(!sandbox.block_target("b", B, B).exists() && !host_root.join("x").exists());
     assert_eq!(helper.call(unpublish(&block_target)).unwrap(), Reply::Done);
 }
 
@@ -577,7 +576,7 @@ fn a_disk_mounted_only_in_the_hosts_namespace_is_in_use() {
         pid1_mounts().contains(&text(&host_only)),
         "this test's mount namespace must be PID 1's"
     );
-    let target = sandbox.block_target("a", A);
+    let target = sandbox.block_target("a", A, A);
     expect_refused(
         &helper,
         publish_device(A, &disk.device, &target),

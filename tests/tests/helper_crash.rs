@@ -124,7 +124,7 @@ fn crash_at(step: Step) {
             std::fs::write(&marker, "intact").unwrap();
             crash(helper, None);
             let helper = Helper::start(&sandbox, &[]);
-            let target = sandbox.kubelet().join("pods/p/volumes/kubernetes.io~csi/pv/mount");
+            let target = sandbox.target("p", "pv", VOLUME);
             let publish = Request::Publish(PublishRequest {
                 target_path: target.to_string_lossy().into_owned(),
                 readonly: false,

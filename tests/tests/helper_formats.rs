@@ -122,7 +122,7 @@ fn a_device_being_formatted_is_refused_until_its_format_ends() {
         let again = helper.call(request.clone());
         let publish_block = helper.call(Request::Publish(PublishRequest {
             target_path: sandbox
-                .block_target("pod-1", &volume.volume_id)
+                .block_target("pod-1", &volume.volume_id, &volume.volume_id)
                 .to_string_lossy()
                 .into_owned(),
             readonly: false,
@@ -146,7 +146,9 @@ fn a_device_being_formatted_is_refused_until_its_format_ends() {
         "staging again once formatted"
     );
     assert!(
-        !sandbox.block_target("pod-1", &volume.volume_id).exists(),
+        !sandbox
+            .block_target("pod-1", &volume.volume_id, &volume.volume_id)
+            .exists(),
         "the refused publish created its target"
     );
 }

@@ -301,13 +301,13 @@ fn only_empty_paths_of_kubelets_csi_shapes_are_mounted_over() {
         stage_request(Y, &y.device, &full_staging, FsType::Ext4, &[]),
         refused(&full_staging, NOT_EMPTY),
     );
-    let full_target = ebs_csi_tests::make_dir(&sandbox.target("p-full", "pv"));
+    let full_target = ebs_csi_tests::make_dir(&sandbox.target("p-full", "pv", X));
     std::fs::write(full_target.join("app.conf"), "mode=safe\n").unwrap();
     expect(
         publish_staged(X, &x.device, &staging, &full_target),
         refused(&full_target, NOT_EMPTY),
     );
-    let full_block = sandbox.block_target("p-full", "pv-block");
+    let full_block = sandbox.block_target("p-full", "pv-block", Y);
     std::fs::write(&full_block, "data").unwrap();
     expect(
         publish_device(Y, &y.device, &full_block),
@@ -325,12 +325,12 @@ fn only_empty_paths_of_kubelets_csi_shapes_are_mounted_over() {
     assert_eq!(std::fs::read_to_string(&full_block).unwrap(), "data");
 
     // Empty ones of those shapes are mounted over as before.
-    let target = sandbox.target("p", "pv");
+    let target = sandbox.target("p", "pv", X);
     assert_eq!(
         helper.call(publish_staged(X, &x.device, &staging, &target)).unwrap(),
         Reply::Done
     );
-    let block = sandbox.block_target("p", "pv-block");
+    let block = sandbox.block_target("p", "pv-block", Y);
     assert_eq!(helper.call(publish_device(Y, &y.device, &block)).unwrap(), Reply::Done);
 }
 

@@ -50,29 +50,31 @@ fn refuses_unsafe_paths() {
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 64);
     let kubelet = sandbox.kubelet();
     let outside = sandbox.mkdir("outside");
-    // Symlinks where kubelet's shapes put a volume's directory, and where
-    // they put its last component.
-    let csi = sandbox.mkdir("kubelet/plugins/kubernetes.io/csi/pv");
-    std::os::unix::fs::symlink(&outside, csi.join("link")).unwrap();
-    ebs_csi_tests::make_dir(&csi.join("leaf"));
-    std::os::unix::fs::symlink(&outside, csi.join("leaf/globalmount")).unwrap();
+    // Symlinks where kubelet's shapes put a volume's last component, and
+    // where they put its directory (kubelet's record of the volume in
+    // place, so that the symlink is what refuses the path).
+    let staging = ebs_csi_tests::kubelet_staging(&kubelet, VOLUME);
+    let volume_dir = staging.parent().unwrap().to_owned();
+    std::fs::remove_dir(&staging).unwrap();
+    std::os::unix::fs::symlink(&outside, &staging).unwrap();
     let devices = sandbox.mkdir("kubelet/plugins/kubernetes.io/csi/volumeDevices/publish");
     std::os::unix::fs::symlink(&outside, devices.join("link")).unwrap();
+    let link_data = kubelet.join("plugins/kubernetes.io/csi/volumeDevices/link/data");
+    ebs_csi_tests::write_kubelet_record(&ebs_csi_tests::make_dir(&link_data), VOLUME);
+    let stage = |staging: &Path| stage_request(VOLUME, &volume.device, staging, FsType::Ext4, &[]);
     for staging in [
         outside.clone(),
-        csi.join("pv-1/../../../../../outside/globalmount"),
-        csi.join("link/globalmount"),
-        csi.join("leaf/globalmount"),
+        volume_dir.join("../../../../../outside/globalmount"),
+        staging.clone(),
         Path::new("relative/staging").to_path_buf(),
         kubelet.clone(),
     ] {
-        assert_refused(
-            &helper,
-            &volume,
-            stage_request(VOLUME, &volume.device, &staging, FsType::Ext4, &[]),
-            path_refused,
-        );
+        assert_refused(&helper, &volume, stage(&staging), path_refused);
     }
+    std::fs::remove_file(&staging).unwrap();
+    std::fs::rename(&volume_dir, sandbox.path().join("volume-dir")).unwrap();
+    std::os::unix::fs::symlink(sandbox.path().join("volume-dir"), &volume_dir).unwrap();
+    assert_refused(&helper, &volume, stage(&staging), path_refused);
     let publish = |target: &Path| {
         Request::Publish(PublishRequest {
             target_path: target.to_string_lossy().into_owned(),
@@ -127,6 +129,7 @@ fn refuses_devices_that_are_not_the_volume() {
     }
     // A partition of a loop device whose backing file names the volume.
     let partitioned = LoopVolume::create(sandbox.path(), "vol-0ccccccccccccccc3", 64);
+    let partitioned_staging = sandbox.staging("vol-0ccccccccccccccc3");
     let mut sfdisk = std::process::Command::new("sfdisk")
         .arg("-q")
         .arg(&partitioned.device)
@@ -145,14 +148,26 @@ fn refuses_devices_that_are_not_the_volume() {
     assert_refused(
         &helper,
         &partitioned,
-        stage_request("vol-0ccccccccccccccc3", &partition, &staging, FsType::Ext4, &[]),
+        stage_request(
+            "vol-0ccccccccccccccc3",
+            &partition,
+            &partitioned_staging,
+            FsType::Ext4,
+            &[],
+        ),
         device_refused,
     );
     // The whole partitioned disk is never formatted either.
     assert_refused(
         &helper,
         &partitioned,
-        stage_request("vol-0ccccccccccccccc3", &parted, &staging, FsType::Ext4, &[]),
+        stage_request(
+            "vol-0ccccccccccccccc3",
+            &parted,
+            &partitioned_staging,
+            FsType::Ext4,
+            &[],
+        ),
         |e| matches!(e, HelperError::FilesystemMismatch { .. }),
     );
     assert!(partitioned.signature().contains("PTTYPE=gpt"));
@@ -276,6 +291,8 @@ fn a_symlink_swapped_in_mid_call_never_redirects_a_mount() {
     // swap exchanges two `<pv>` directories.
     let race = sandbox.mkdir("kubelet/plugins/kubernetes.io/csi/volumeDevices/publish");
     ebs_csi_tests::make_dir(&race.join("dir"));
+    let dir_data = sandbox.mkdir("kubelet/plugins/kubernetes.io/csi/volumeDevices/dir/data");
+    ebs_csi_tests::write_kubelet_record(&dir_data, VOLUME);
     std::os::unix::fs::symlink(&outside, race.join("swap")).unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let swapper = std::thread::spawn({

@@ -11,6 +11,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use ebs_csi_helper::error::OTHER_VOLUMES_HASH;
 use ebs_csi_proto::v1::node_client::NodeClient;
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
@@ -31,15 +32,13 @@ struct Node {
 }
 
 impl Node {
-    /// A node laid out as a kubelet's.
-    async fn start() -> Self {
+    /// A node laid out as a kubelet's, with kubelet's staging and target
+    /// paths of `volume_id` (its record of the volume beside each).
+    async fn start(volume_id: &str) -> Self {
         let sandbox = Sandbox::new();
         let helper = Helper::start(&sandbox, &[]);
-        // kubelet's older staging shape, which holds no volume handle.
-        let staging = sandbox.mkdir("kubelet/plugins/kubernetes.io/csi/pv/pv-1/globalmount");
-        let target = sandbox
-            .kubelet()
-            .join("pods/pod-1/volumes/kubernetes.io~csi/pv-1/mount");
+        let staging = sandbox.staging(volume_id);
+        let target = sandbox.target("pod-1", "pv-1", volume_id);
         let agent = Agent::start(&sandbox, &helper);
         Self::with_paths(sandbox, helper, agent, staging, target).await
     }
@@ -169,7 +168,7 @@ async fn stage_publish_write_and_restage_keeps_data() {
         ("vol-0aaaaaaaaaaaaaaa1", "ext4", 64),
         ("vol-0bbbbbbbbbbbbbbb2", "xfs", 320),
     ] {
-        let mut node = Node::start().await;
+        let mut node = Node::start(volume_id).await;
         let volume = node.volume(volume_id, size_mib);
         let cap = mount(fs_type, Mode::SingleNodeWriter);
         for _ in 0..2 {
@@ -242,8 +241,8 @@ async fn nomad_paths_are_staged_and_published_beneath_the_plugin_directory() {
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn readonly_publish_refuses_writes() {
     require_root();
-    let mut node = Node::start().await;
     let volume_id = "vol-0ccccccccccccccc3";
+    let mut node = Node::start(volume_id).await;
     let _volume = node.volume(volume_id, 64);
     node.stage(volume_id, mount("ext4", Mode::SingleNodeWriter))
         .await
@@ -269,13 +268,10 @@ async fn readonly_publish_refuses_writes() {
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn raw_block_publish_exposes_the_device() {
     require_root();
-    let mut node = Node::start().await;
     let volume_id = "vol-0ddddddddddddddd4";
+    let mut node = Node::start(volume_id).await;
     let volume = node.volume(volume_id, 16);
-    node.target = node
-        .sandbox
-        .kubelet()
-        .join("plugins/kubernetes.io/csi/volumeDevices/publish/pv-1/pod-1");
+    node.target = node.sandbox.block_target("pod-1", "pv-1", volume_id);
     node.stage(volume_id, block()).await.unwrap();
     assert!(!is_mounted(&node.staging), "block volumes are not staged");
     for _ in 0..2 {
@@ -338,7 +334,7 @@ async fn a_filesystem_smaller_than_its_volume_is_grown_at_stage() {
         ("vol-0eeeeeeeeeeeeeee7", "ext4", 64),
         ("vol-0fffffffffffffff8", "xfs", 320),
     ] {
-        let mut node = Node::start().await;
+        let mut node = Node::start(volume_id).await;
         let volume = node.volume(volume_id, size_mib);
         let cap = mount(fs_type, Mode::SingleNodeWriter);
         node.stage(volume_id, cap.clone()).await.unwrap();
@@ -380,7 +376,7 @@ async fn expand_grows_the_filesystem_online() {
         ("vol-0eeeeeeeeeeeeeee5", "ext4", 64),
         ("vol-0fffffffffffffff6", "xfs", 320),
     ] {
-        let mut node = Node::start().await;
+        let mut node = Node::start(volume_id).await;
         let volume = node.volume(volume_id, size_mib);
         let cap = mount(fs_type, Mode::SingleNodeWriter);
         node.stage(volume_id, cap.clone()).await.unwrap();
@@ -469,7 +465,7 @@ async fn an_identical_call_waits_for_the_first_and_a_different_one_is_aborted() 
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn stage_times_out_with_unavailable_naming_the_volume() {
     require_root();
-    let mut node = Node::start().await;
+    let mut node = Node::start("vol-0999999999999999a").await;
     let started = std::time::Instant::now();
     let err = node
         .stage("vol-0999999999999999a", mount("ext4", Mode::SingleNodeWriter))
@@ -484,8 +480,8 @@ async fn stage_times_out_with_unavailable_naming_the_volume() {
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn volume_stats_report_usage_and_condition() {
     require_root();
-    let mut node = Node::start().await;
     let volume_id = "vol-0aaaaaaaaaaaaaab8";
+    let mut node = Node::start(volume_id).await;
     let _volume = node.volume(volume_id, 64);
     let cap = mount("ext4", Mode::SingleNodeWriter);
     node.stage(volume_id, cap.clone()).await.unwrap();
@@ -527,7 +523,7 @@ async fn volume_stats_report_usage_and_condition() {
     );
     let missing = NodeGetVolumeStatsRequest {
         volume_id: volume_id.into(),
-        volume_path: path(&node.sandbox.target("pod-nope", "pv-nope")),
+        volume_path: path(&node.sandbox.target("pod-nope", "pv-nope", volume_id)),
         staging_target_path: String::new(),
     };
     assert_eq!(
@@ -541,8 +537,8 @@ async fn volume_stats_report_usage_and_condition() {
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn invalid_requests_change_nothing() {
     require_root();
-    let mut node = Node::start().await;
     let volume_id = "vol-0aaaaaaaaaaaaaab9";
+    let mut node = Node::start(volume_id).await;
     let volume = node.volume(volume_id, 64);
     let good = mount("ext4", Mode::SingleNodeWriter);
     let staging = path(&node.staging);
@@ -687,7 +683,7 @@ async fn invalid_requests_change_nothing() {
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn volumes_that_cannot_exist_are_not_found() {
     require_root();
-    let mut node = Node::start().await;
+    let mut node = Node::start("vol-0aaaaaaaaaaaaaab7").await;
     let (real_staging, real_target) = (path(&node.staging), path(&node.target));
     for (volume_id, staging, target, code) in [
         ("fake-vol-id", real_staging.clone(), real_target.clone(), Code::NotFound),
@@ -809,7 +805,7 @@ async fn volumes_that_cannot_exist_are_not_found() {
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn identity_and_node_info() {
     require_root();
-    let node = Node::start().await;
+    let node = Node::start("vol-0aaaaaaaaaaaaaab6").await;
     let channel = ebs_csi_tests::channel(&node.agent.socket).await;
     let mut identity = identity_client::IdentityClient::new(channel);
     let info = identity
@@ -868,8 +864,8 @@ async fn identity_and_node_info() {
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn stage_honours_format_options_and_refuses_another_device_at_the_path() {
     require_root();
-    let mut node = Node::start().await;
     let (first, second) = ("vol-0aaaaaaaaaaaaaac0", "vol-0aaaaaaaaaaaaaac1");
+    let mut node = Node::start(first).await;
     let volume = node.volume(first, 64);
     let other = node.volume(second, 64);
     let request = NodeStageVolumeRequest {
@@ -907,7 +903,9 @@ async fn stage_honours_format_options_and_refuses_another_device_at_the_path() {
         .stage(second, mount("ext4", Mode::SingleNodeWriter))
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    // The first volume's staging path, named by its hash (audit 3, A2).
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains(OTHER_VOLUMES_HASH), "{err:?}");
     assert_eq!(other.signature(), "", "the second device was not formatted");
     node.unstage(first).await.unwrap();
 }
@@ -916,7 +914,7 @@ async fn stage_honours_format_options_and_refuses_another_device_at_the_path() {
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn probe_reports_not_ready_without_the_helper() {
     require_root();
-    let node = Node::start().await;
+    let node = Node::start("vol-0aaaaaaaaaaaaaab5").await;
     let Node {
         _helper: helper, agent, ..
     } = node;

@@ -38,20 +38,24 @@ impl Source {
 }
 
 impl Handler {
-    /// Publish: the source proved; the target resolved (its parents
-    /// created); an identical existing mount accepted, else the target
+    /// Publish: the source proved; the target resolved and proved the
+    /// volume's (kubelet's record beside it), its parents created where
+    /// the layout says so; an identical existing mount accepted, else the target
     /// checked or created, the source bind-mounted onto it. A refusal after
     /// the target was created removes it again.
     pub(super) fn publish(&self, r: &PublishRequest) -> Result<Reply, HelperError> {
         let mounts = self.kernel.mounts()?;
-        let source = match &r.source {
+        let (source, volume_id) = match &r.source {
             PublishSource::Staging {
                 volume_id,
                 device,
                 staging_path,
                 mount_flags,
-            } => self.staged_source(volume_id, device, staging_path, mount_flags, &mounts)?,
-            PublishSource::Device { volume_id, device } => self.device_source(volume_id, device, &mounts)?,
+            } => (
+                self.staged_source(volume_id, device, staging_path, mount_flags, &mounts)?,
+                volume_id,
+            ),
+            PublishSource::Device { volume_id, device } => (self.device_source(volume_id, device, &mounts)?, volume_id),
         };
         let flags = source.flags
             | MountFlags::NOSUID
@@ -66,7 +70,8 @@ impl Handler {
             Role::BlockTarget
         };
         let target = self.roots.check(&r.target_path, role)?;
-        let parent = target.open_parent(true)?;
+        target.check_bound(volume_id)?;
+        let parent = target.open_parent(target.creates_parents())?;
         if let Some(existing) = open_target(&parent, &target)? {
             let node = self.kernel.inspect(existing.as_fd())?;
             if node.is_mount_root {
@@ -122,6 +127,7 @@ impl Handler {
         let flags = options::parse(None, mount_flags)?.flags | MountFlags::NODEV;
         let device = self.verify(volume_id, device, mounts)?;
         let staging = self.roots.check(staging_path, Role::Staging)?;
+        staging.check_bound(volume_id)?;
         let not_mounted = || HelperError::NotMounted {
             path: staging_path.to_owned(),
         };

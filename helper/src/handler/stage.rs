@@ -35,6 +35,7 @@ impl Handler {
         r.format.validate(r.fs_type).map_err(HelperError::InvalidRequest)?;
         let options = options::parse(Some(r.fs_type), &r.mount_flags)?;
         let staging = self.roots.check(&r.staging_path, Role::Staging)?;
+        staging.check_bound(&r.volume_id)?;
         let exclusive = self.lock();
         // 3–6. Under the lock: the staging directory, the device proved.
         let (dir, node) = self.open_existing(&staging, FileType::Directory)?;

@@ -353,9 +353,7 @@ fn a_disk_whose_partition_is_held_is_in_use() {
         volume_id: volume.to_owned(),
         reason: ebs_csi_helper::device::Refusal::Held.to_string(),
     };
-    let target = PathBuf::from(format!(
-        "{KUBELET}/plugins/kubernetes.io/csi/volumeDevices/publish/pv-held/held"
-    ));
+    let target = ebs_csi_tests::kubelet_block_target(Path::new(KUBELET), "held", "pv-held", volume);
     let publish = Request::Publish(PublishRequest {
         target_path: target.display().to_string(),
         readonly: false,
@@ -452,7 +450,7 @@ fn first_mib(device: &Path) -> Vec<u8> {
 /// Asks the helper at `socket` (as the agent's uid) to stage `device` as
 /// `volume_id`; it must answer DeviceRefused and mount nothing.
 fn assert_device_refused(socket: &str, volume_id: &str, device: &Path) {
-    let staging = make_staging("refused");
+    let staging = make_staging(volume_id);
     let request = stage_request(volume_id, device, &staging, FsType::Ext4, &[]);
     let socket = PathBuf::from(socket);
     let answer = run_as(AGENT_UID, || {
@@ -525,9 +523,7 @@ fn wait_for_socket(path: &Path, server: u32) {
 
 /// kubelet's staging path of `volume_id`, made as kubelet makes it.
 fn make_staging(volume_id: &str) -> PathBuf {
-    let path = ebs_csi_tests::kubelet_staging(Path::new(KUBELET), volume_id);
-    std::fs::create_dir_all(&path).unwrap();
-    path
+    ebs_csi_tests::kubelet_staging(Path::new(KUBELET), volume_id)
 }
 
 async fn stage(node: &mut NodeClient<Channel>, volume_id: &str, fs: &str) -> Result<PathBuf, tonic::Status> {

@@ -685,7 +685,8 @@ fn mounted_on_host(path: &Path) -> Option<(u32, u32)> {
 }
 
 /// kubelet's staging and target paths for `volume_id`, their parents made
-/// as kubelet makes them (root, 0750 at each level).
+/// as kubelet makes them (root, 0750 at each level, its record of the
+/// volume beside each).
 fn kubelet_paths(volume_id: &str) -> (PathBuf, PathBuf) {
     let staging = ebs_csi_tests::kubelet_staging(Path::new("/var/lib/kubelet"), volume_id);
     let pv = PathBuf::from(format!(
@@ -700,6 +701,7 @@ fn kubelet_paths(volume_id: &str) -> (PathBuf, PathBuf) {
             level = level.parent().unwrap();
         }
     }
+    ebs_csi_tests::write_kubelet_record(&pv, volume_id);
     (staging, pv.join("mount"))
 }
 

@@ -9,6 +9,7 @@
 //! [`crate::kernel::Linux`]; paths are real directories in a temporary
 //! directory, with kubelet's shapes.
 
+mod binding;
 mod expand;
 mod failures;
 mod fake;
@@ -33,6 +34,7 @@ use crate::device::{self, Refusal};
 use crate::format::Contents;
 use crate::layout::Layout;
 use crate::path::AllowedRoots;
+use crate::record;
 
 /// The volume every test stages.
 const VOLUME: &str = "vol-0123456789abcdef0";
@@ -76,8 +78,31 @@ impl World {
             fake,
             handler,
         };
+        // What kubelet makes before it asks to stage or publish: the
+        // staging directory, the targets' parents, its record of the volume
+        // beside each (`crate::record`).
         std::fs::create_dir_all(world.staging()).unwrap();
+        for record_dir in [
+            format!(
+                "plugins/kubernetes.io/csi/ebs.csi.aws.com/{}",
+                record::sha256_hex(VOLUME)
+            ),
+            "pods/pod-1/volumes/kubernetes.io~csi/pv-1".to_owned(),
+            "plugins/kubernetes.io/csi/volumeDevices/pv-1/data".to_owned(),
+        ] {
+            world.write_record(&record_dir, "ebs.csi.aws.com", VOLUME);
+        }
+        std::fs::create_dir_all(world.path("plugins/kubernetes.io/csi/volumeDevices/publish/pv-1")).unwrap();
         world
+    }
+
+    /// Writes kubelet's record of `volume` of `driver` into `dir` beneath
+    /// the kubelet directory (made if missing), as kubelet writes it.
+    fn write_record(&self, dir: &str, driver: &str, volume: &str) {
+        let dir = self.root.join(dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let record = format!(r#"{{"driverName":"{driver}","volumeHandle":"{volume}","specVolID":"pv-1"}}"#);
+        std::fs::write(dir.join(crate::layout::RECORD), record).unwrap();
     }
 
     /// A world whose volume is staged at [`World::staging`] (and the fake's
@@ -93,16 +118,18 @@ impl World {
     fn staging(&self) -> String {
         self.path(&format!(
             "plugins/kubernetes.io/csi/ebs.csi.aws.com/{}/globalmount",
-            "ab".repeat(32)
+            record::sha256_hex(VOLUME)
         ))
     }
 
-    /// Kubelet's target path of the volume in a pod (not created).
+    /// Kubelet's target path of the volume in a pod (its parent created by
+    /// [`World::new`], itself not).
     fn target(&self) -> String {
         self.path("pods/pod-1/volumes/kubernetes.io~csi/pv-1/mount")
     }
 
-    /// Kubelet's target path of the volume as a raw block device (not created).
+    /// Kubelet's target path of the volume as a raw block device (its
+    /// parent created by [`World::new`], itself not).
     fn block_target(&self) -> String {
         self.path("plugins/kubernetes.io/csi/volumeDevices/publish/pv-1/pod-1")
     }

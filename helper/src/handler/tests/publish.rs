@@ -87,7 +87,7 @@ fn a_target_of_another_shape_or_through_a_symlink_is_refused() {
         Request::Publish(request),
         &PathRefusal::NotItsShape.of(&world.block_target()),
     );
-    std::fs::create_dir_all(world.path("pods/pod-1/volumes")).unwrap();
+    std::fs::remove_dir_all(world.path("pods/pod-1/volumes/kubernetes.io~csi")).unwrap();
     let elsewhere = world.root.parent().unwrap().join("elsewhere");
     std::fs::create_dir(&elsewhere).unwrap();
     std::os::unix::fs::symlink(&elsewhere, world.path("pods/pod-1/volumes/kubernetes.io~csi")).unwrap();
