@@ -75,7 +75,7 @@ TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
-.PHONY: all build test test-steps test-build test-run test-background test-cold test-deps \
+.PHONY: all build test test-steps test-downloads test-build test-run test-background test-cold test-deps \
 	build-copy-test repro-static package-tools docs-tools prebuilt-tools coverage-build fuzz-build vm-images demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
 	install install-files static image image-deps validate-deploy vm vm-deps repro-check docs \
 	deb rpm packages package-deps
@@ -183,21 +183,20 @@ test: test-deps
 # make test in phases (docs/testing.md, "How long it takes"). A cargo
 # build spends much of its time in one crate's single-threaded compile (the
 # AWS SDK for EC2), so the three builds the tests need (the debug build,
-# the static build, the previous package's) run two at a time and share
-# make's jobserver of two slots (the recipes that run cargo are marked +):
-# never more compilers than cores, which three builds each with jobs of
-# their own made 1.5 times slower in all, and never more than two AWS SDKs
-# in memory. The debug build goes beside the downloads (the VM images,
-# Python's packages) and the tools cargo installs, which leave the CPU
-# idle while they wait; then the two release builds side by side (beside
-# the debug build, the last of the three ran alone for 15 minutes of a
-# cold run, one core idle). The builds only the later checks need go
-# under the tests, at the lowest CPU and I/O priority. The tests run side
-# by side (cargo-nextest, see test-run); the checks two at a time, each
-# one's output printed whole when it ends.
+# the static build, the previous package's) run side by side from the
+# start, on make's jobserver of three slots (the recipes that run cargo are
+# marked +): while the downloads (the VM images, Python's packages) wait on
+# the network, one slot is theirs and cargo installs the package tools
+# beside the debug build; then at most three compilers on the two cores,
+# and never more than three AWS SDKs in memory (each build with jobs of its
+# own, six compilers, made every compile 1.5 times slower in all). In
+# phases, the debug build ran alone for 16 minutes of a cold run, one core
+# idle once the downloads had ended. The builds only the later checks need
+# go under the tests, at the lowest CPU and I/O priority. The tests run
+# side by side (cargo-nextest, see test-run); the checks two at a time,
+# each one's output printed whole when it ends.
 test-steps:
-	+@$(call phase,tools downloads and the debug build,-j3 vm-images moto package-tools prebuilt-tools test-build)
-	+@$(call phase,the release builds the tests need,-j2 static previous-package)
+	+@$(call phase,the downloads and the builds the tests need,-j3 test-downloads package-tools test-build previous-package static)
 	+@$(call phase,the VMs' disks,vm)
 	+@$(call phase,the tests (and the checks' builds under them),-j2 test-run test-background)
 	+@$(call phase,the checks,-j2 --output-sync=target bench-smoke fuzz-smoke validate-deploy instance-types \
@@ -209,6 +208,10 @@ define phase
 	$(MAKE) --no-print-directory $(2) || exit 1; \
 	echo "make test: $(1): $$(( $$(date +%s) - start )) s"
 endef
+
+# What the tests download, one after another in one of make's slots.
+test-downloads:
+	$(MAKE) --no-print-directory -j1 vm-images moto prebuilt-tools
 
 # The debug build of the workspace and of its tests, and the previous helper.
 test-build:
@@ -279,7 +282,7 @@ previous-helper:
 ## SDK for EC2 too.
 PREVIOUS_PACKAGE_COMMIT := d45afd58c6a6ef9cc09a4a71c645dbda57ea28b2
 PREVIOUS_PACKAGE_DIR := $(abspath $(TARGET_DIR))/previous-package/$(PREVIOUS_PACKAGE_COMMIT)
-previous-package:
+previous-package: package-tools
 	+@if ! ls $(PREVIOUS_PACKAGE_DIR)/ebs-csi-node_*.deb >/dev/null 2>&1; then \
 	  deploy/build-copy.sh $(REPRO_TARGET_DIR) $(PREVIOUS_PACKAGE_COMMIT) static deb && \
 	  install -D -m 0644 -t $(PREVIOUS_PACKAGE_DIR) $(REPRO_TARGET_DIR)-tree/target/packages/ebs-csi-node_*.deb; \
