@@ -280,7 +280,7 @@ previous-helper:
 ## preferably to one with this Cargo.lock and release profile: with another
 ## Cargo.lock or another profile the dependencies are built twice, the AWS
 ## SDK for EC2 too.
-PREVIOUS_PACKAGE_COMMIT := d45afd58c6a6ef9cc09a4a71c645dbda57ea28b2
+PREVIOUS_PACKAGE_COMMIT := 455d674e9b26eeb6a809604e0cc862fd1ae42c10
 PREVIOUS_PACKAGE_DIR := $(abspath $(TARGET_DIR))/previous-package/$(PREVIOUS_PACKAGE_COMMIT)
 previous-package: package-tools
 	+@if ! ls $(PREVIOUS_PACKAGE_DIR)/ebs-csi-node_*.deb >/dev/null 2>&1; then \

@@ -102,9 +102,16 @@ pub enum Refusal {
     /// Step 5: the disk or a partition is active swap.
     #[error("in use as swap")]
     Swap,
-    /// Step 5: the disk or a partition is mounted outside the allowed roots.
-    #[error("in use by the host: mounted outside the allowed roots")]
+    /// Step 5: the disk or a partition is mounted where no volume of the
+    /// layout is: outside the allowed roots, at a root itself, or beneath
+    /// one at no staging or target path.
+    #[error("in use by the host: mounted outside the volumes' staging and target paths")]
     MountedOutside,
+    /// Step 5: no mount the helper can see explains it, yet the disk
+    /// cannot be opened exclusively: it is mounted in a mount namespace the
+    /// helper cannot see, or another program holds it exclusively.
+    #[error("in use where the helper cannot see: mounted in another mount namespace, or held exclusively")]
+    HeldUnseen,
     /// The device node is bind-mounted somewhere: a raw block volume in use.
     #[error("is published as a raw block device")]
     PublishedRaw,
@@ -210,8 +217,10 @@ impl VerifiedDevice {
 ///    as serial; a loop device (only with `allow_loop_devices`) has a
 ///    backing file whose name contains the id;
 /// 5. no device-mapper or md device holds the disk or a partition of it,
-///    none of them is swap, and none is mounted outside the allowed roots
-///    (`mounts` holds every mount namespace the helper can see).
+///    none of them is swap, and none is mounted where no volume of the
+///    layout is (`mounts` holds every mount namespace the helper can see);
+///    where none is mounted at all, the disk opens exclusively (`O_EXCL`:
+///    not mounted in a namespace the helper cannot see, third audit A5).
 ///
 /// # Errors
 /// [`HelperError::DeviceRefused`] with the [`Refusal`] of the failed step.
@@ -237,6 +246,9 @@ pub fn verify(
     let in_use = InUse::of(name, number, &sysfs);
     if let Some(reason) = in_use.by_the_host(roots, mounts) {
         return Err(refuse(reason));
+    }
+    if !in_use.mounted(mounts) && !claimable(&file) {
+        return Err(refuse(Refusal::HeldUnseen));
     }
     Ok(VerifiedDevice {
         volume_id: volume_id.clone(),
@@ -334,6 +346,16 @@ fn block_node(device: &str) -> Option<(OwnedFd, DeviceNumber)> {
     Some((node, number))
 }
 
+/// Whether the block device `file` is open on can be opened exclusively
+/// (`O_EXCL` without `O_CREAT`, through its `/proc/self/fd` link; open(2):
+/// `EBUSY` when the device is in use by the system, e.g. mounted, in any
+/// mount namespace). The exclusive open is closed at once: mkfs opens the
+/// device exclusively itself.
+fn claimable(file: &OwnedFd) -> bool {
+    let flags = OFlags::RDONLY | OFlags::EXCL | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    rustix::fs::openat(rustix::fs::CWD, fd_path(file).as_str(), flags, Mode::empty()).is_ok()
+}
+
 fn block_number(fd: &OwnedFd) -> Option<DeviceNumber> {
     rustix::fs::fstat(fd)
         .ok()
@@ -422,8 +444,14 @@ impl InUse {
         }
         mounts
             .iter()
-            .any(|m| self.numbers.contains(&(m.major, m.minor)) && !roots.contains(&m.mount_point))
+            .any(|m| self.numbers.contains(&(m.major, m.minor)) && !roots.holds_volume(&m.mount_point))
             .then_some(Refusal::MountedOutside)
+    }
+
+    /// Whether the disk or a partition is mounted in a namespace the
+    /// helper sees.
+    fn mounted(&self, mounts: &[MountEntry]) -> bool {
+        mounts.iter().any(|m| self.numbers.contains(&(m.major, m.minor)))
     }
 }
 

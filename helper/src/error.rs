@@ -43,6 +43,11 @@ pub const OTHER_VOLUMES_HASH: &str = "is named by another volume's hash (kubelet
 pub const NO_VOLUME_RECORD: &str = "has no record of its volume from kubelet beside it (vol_data.json: a file of the \
      helper's user, written by no one else, a JSON object of at most 64 KiB)";
 
+/// The reason of [`HelperError::PathRefused`] for a Nomad target whose
+/// volume id and usage are not its staging path's.
+pub const OTHER_VOLUMES_TARGET: &str =
+    "is not a target of the volume staged at the staging path (Nomad's volume id and usage in both)";
+
 /// The reason of [`HelperError::PathRefused`] for a path whose kubelet
 /// record names another driver or another volume.
 pub const OTHER_VOLUMES_RECORD: &str = "is another driver's or another volume's, as kubelet's record beside it says";
@@ -82,6 +87,9 @@ pub enum PathRefusal {
     /// kubelet's record beside the path names another driver or volume.
     #[error("{}", OTHER_VOLUMES_RECORD)]
     OtherVolumesRecord,
+    /// A Nomad target of another volume or usage than its staging path.
+    #[error("{}", OTHER_VOLUMES_TARGET)]
+    OtherVolumesTarget,
     /// A parent is not a directory.
     #[error("a parent component is not a directory")]
     ParentNotDirectory,
@@ -186,9 +194,9 @@ pub enum Operation {
     /// Attaching a detached mount.
     #[error("attaching the mount")]
     Attach,
-    /// Giving a bind mount its flags.
-    #[error("remount")]
-    Remount,
+    /// Giving a detached bind mount its flags.
+    #[error("setting a mount's attributes")]
+    SetAttributes,
     /// Unmounting a name in its parent.
     #[error("unmounting {0}")]
     Unmount(String),

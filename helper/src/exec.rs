@@ -10,8 +10,9 @@
 //! it needs ([`Tool::capabilities`]: none for blkid and mkfs.ext*), a
 //! Landlock ruleset that lets it open only the system's files and the
 //! object it acts on ([`crate::confine`]) and the policy's `tools` seccomp
-//! denylist, in its own process group, with a time limit; on expiry the
-//! whole group is killed.
+//! denylist, in its own process group, with a time limit; when it exits,
+//! or on expiry, the whole group is killed. The agent is told no more of
+//! a tool's stderr than [`stderr_excerpt`].
 //!
 //! Tools run from executor threads, started before the seccomp filter is
 //! installed on the serving threads, so the filter binds the helper and
@@ -130,6 +131,8 @@ struct Job {
 #[derive(Clone, Debug)]
 pub struct Executor {
     jobs: mpsc::Sender<Job>,
+    /// How long a tool may run (`--tool-timeout-seconds`).
+    pub timeout: Duration,
 }
 
 impl Executor {
@@ -168,7 +171,7 @@ impl Executor {
                 }
             })?;
         }
-        Ok(Self { jobs })
+        Ok(Self { jobs, timeout })
     }
 
     /// Runs `tool` with `args` on `target` (its fd 3, [`DEVICE_ARG`]) and
@@ -220,21 +223,34 @@ impl Executor {
         if output.status.success() {
             return Ok(output);
         }
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let tail: String = stderr
-            .trim()
-            .chars()
-            .rev()
-            .take(400)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
         Err(HelperError::ToolFailed {
             tool: tool.path()?,
-            detail: format!("{}: {tail}", output.status),
+            detail: format!("{}: {}", output.status, stderr_excerpt(&output.stderr)),
         })
     }
+}
+
+/// The most of a tool's stderr the agent is told, in characters.
+const STDERR_EXCERPT_CHARS: usize = 400;
+
+/// What the agent is told of a tool's stderr (in
+/// [`HelperError::ToolFailed`]): its last [`STDERR_EXCERPT_CHARS`]
+/// characters once trimmed, every line break or tab a space and every
+/// other character outside printable ASCII `?` — no terminal controls, and
+/// no more than that of what a taken-over tool may have read (third audit
+/// A1). The helper's log has nothing more: the tool's stderr goes nowhere
+/// else.
+pub fn stderr_excerpt(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let chars: Vec<char> = text.trim().chars().collect();
+    chars[chars.len().saturating_sub(STDERR_EXCERPT_CHARS)..]
+        .iter()
+        .map(|&c| match c {
+            '\n' | '\t' => ' ',
+            ' '..='~' => c,
+            _ => '?',
+        })
+        .collect()
 }
 
 fn execute(job: &Job, timeout: Duration, held: u64, tool_filter: &Arc<BpfProgram>) -> Result<Output, HelperError> {
@@ -263,9 +279,12 @@ fn execute(job: &Job, timeout: Duration, held: u64, tool_filter: &Arc<BpfProgram
     let stdout = drain(child.stdout.take());
     let stderr = drain(child.stderr.take());
     let in_time = wait_for_exit(&child, timeout);
-    if !matches!(in_time, Ok(true)) {
-        kill_group(&child);
-    }
+    // Whether it ended or ran out of time, the tool's process group goes
+    // with it: what it started (it can leave neither its group nor its
+    // session: the tools' seccomp filter) would otherwise stay as root
+    // (third audit A7). Before the tool is reaped, so that the group's id,
+    // its pid, cannot name another process's group yet.
+    kill_group(&child);
     let status = child.wait().map_err(|e| Operation::Wait(job.path.clone()).failed(e))?;
     let output = Output {
         status,
@@ -283,20 +302,27 @@ fn execute(job: &Job, timeout: Duration, held: u64, tool_filter: &Arc<BpfProgram
 }
 
 /// How long the executor waits, after the tool has exited, for its pipes
-/// to reach their end. A process the tool left behind (outside its process
-/// group, so not killed with it) can hold them open forever; the executor
-/// goes on without the rest of its output, and the reading thread ends
-/// when that process does.
+/// to reach their end. A process of its group that a kill does not end at
+/// once (in uninterruptible sleep, on a device that does not answer) holds
+/// them open; the executor goes on without the rest of its output, and the
+/// reading thread ends when that process does.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 
+/// The most of a tool's stdout or stderr the helper keeps, in bytes (blkid's
+/// answer is a few lines); the rest is read and dropped.
+const OUTPUT_LIMIT: u64 = 64 << 10;
+
 /// Reads a child's pipe to its end on a thread of its own, so a chatty
-/// tool never blocks on a full pipe while the executor waits for it.
+/// tool never blocks on a full pipe while the executor waits for it; keeps
+/// the first [`OUTPUT_LIMIT`] bytes, so that a taken-over tool cannot fill
+/// the helper's memory.
 fn drain(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receiver<Vec<u8>> {
     let (bytes, received) = mpsc::channel();
     std::thread::spawn(move || {
         let mut read = Vec::new();
         if let Some(mut pipe) = pipe {
-            let _ = pipe.read_to_end(&mut read);
+            let _ = pipe.by_ref().take(OUTPUT_LIMIT).read_to_end(&mut read);
+            let _ = io::copy(&mut pipe, &mut io::sink());
         }
         let _ = bytes.send(read);
     });
@@ -309,7 +335,7 @@ fn drained(pipe: &mpsc::Receiver<Vec<u8>>, tool: &str) -> Vec<u8> {
     pipe.recv_timeout(DRAIN_DEADLINE).unwrap_or_else(|_| {
         tracing::warn!(
             tool,
-            "a process the tool left behind holds its output open; going on without it"
+            "a process of the tool's group holds its output open; going on without it"
         );
         Vec::new()
     })
@@ -331,10 +357,26 @@ fn wait_for_exit(child: &Child, timeout: Duration) -> io::Result<bool> {
     }
 }
 
-/// Kills the tool and everything it started (its process group).
+/// Kills the tool and everything it started (its process group; a group
+/// whose only member is the tool's zombie takes the signal too).
 fn kill_group(child: &Child) {
     let pid = Pid::from_child(child);
     if let Err(e) = rustix::process::kill_process_group(pid, Signal::KILL) {
         tracing::warn!(pid = pid.as_raw_nonzero().get(), error = %e, "cannot kill a tool's process group");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_is_told_a_bounded_printable_excerpt_of_stderr() {
+        assert_eq!(
+            stderr_excerpt(b"  mkfs: bad\n\tsize\x1b[2J\xff\n"),
+            "mkfs: bad  size?[2J?"
+        );
+        let excerpt = stderr_excerpt(format!("{}end", "x".repeat(1000)).as_bytes());
+        assert_eq!((excerpt.len(), &excerpt[397..]), (STDERR_EXCERPT_CHARS, "end"));
     }
 }

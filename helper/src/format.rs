@@ -18,14 +18,16 @@
 //! `nodiscard`, xfs `-K`) and lazy inode-table and journal initialisation
 //! on ext.
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::process::Output;
+use std::sync::mpsc;
+use std::time::Duration;
 
 use ebs_csi_helper_proto::{FormatOptions, FsType, HelperError};
 
 use crate::device::VerifiedDevice;
 use crate::error::Operation;
-use crate::exec::{DEVICE_ARG, Executor, Tool, ToolTarget};
+use crate::exec::{self, DEVICE_ARG, Executor, Tool, ToolTarget};
 
 /// What a device holds, according to `blkid -p` and the helper's own read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,13 +63,15 @@ const READ_CHUNK: usize = 1 << 20;
 
 /// Probes `device` with `blkid -p -o export` (low-level probe, no cache)
 /// on its verified fd; when blkid finds nothing, proves the device blank
-/// with [`prove_zero`].
+/// with [`prove_zero`], which has as long as a tool (the executor's time
+/// limit, `--tool-timeout-seconds`: third audit A12).
 ///
 /// # Errors
 /// [`HelperError::ToolFailed`] when blkid fails, or answers "nothing
 /// found" with something on stderr; [`HelperError::System`] when the
-/// device cannot be read where libblkid looks; [`HelperError::DeviceRefused`]
-/// when the device changed before blkid ran.
+/// device cannot be read where libblkid looks, or not within the time
+/// limit; [`HelperError::DeviceRefused`] when the device changed before
+/// blkid ran.
 pub fn probe(executor: &Executor, device: &VerifiedDevice) -> Result<Contents, HelperError> {
     let output = executor.run(
         Tool::Blkid,
@@ -76,8 +80,29 @@ pub fn probe(executor: &Executor, device: &VerifiedDevice) -> Result<Contents, H
     )?;
     interpret_blkid(&output, || {
         let size = device.size_bytes()?;
-        prove_zero(device.fd(), size).map_err(|e| e.into_error(&device.volume_id.to_string(), &device.path()))
+        prove_zero_within(device, size, executor.timeout)
+            .map_err(|e| e.into_error(&device.volume_id.to_string(), &device.path()))
     })
+}
+
+/// [`prove_zero`] on a thread of its own, waited for at most `limit`: a
+/// device whose reads stall holds the operation lock no longer than a
+/// tool may run. The thread, blocked in a read, ends when the read does.
+fn prove_zero_within(device: &VerifiedDevice, size: u64, limit: Duration) -> Result<Contents, NotProven> {
+    let fd = device.fd().try_clone_to_owned().map_err(|e| NotProven::Unreadable {
+        offset: 0,
+        reason: e.to_string(),
+    })?;
+    let (answer, proof) = mpsc::channel();
+    // The request's span goes with it: what the proof logs is the request's.
+    let span = tracing::Span::current();
+    std::thread::spawn(move || {
+        let _request = span.enter();
+        let _ = answer.send(prove_zero(fd.as_fd(), size));
+    });
+    proof
+        .recv_timeout(limit)
+        .unwrap_or(Err(NotProven::Stalled(limit.as_secs())))
 }
 
 /// blkid's answer, with "nothing found" taken to `prove` for the verdict.
@@ -90,7 +115,7 @@ fn interpret_blkid(
         Some(2) if output.stderr.is_empty() && output.stdout.is_empty() => prove(),
         _ => Err(HelperError::ToolFailed {
             tool: Tool::Blkid.path()?,
-            detail: format!("{}: {}", output.status, String::from_utf8_lossy(&output.stderr).trim()),
+            detail: format!("{}: {}", output.status, exec::stderr_excerpt(&output.stderr)),
         }),
     }
 }
@@ -101,6 +126,9 @@ pub enum NotProven {
     /// The device has no bytes.
     #[error("the device is empty")]
     Empty,
+    /// The reads did not end within the time limit, in seconds.
+    #[error("the reads did not end within {0} s")]
+    Stalled(u64),
     /// A read failed, or ended early, at this byte offset.
     #[error("reading byte {offset}: {reason}")]
     Unreadable {

@@ -149,10 +149,10 @@ pub fn forbid_new_privileges() -> Result<(), HardenError> {
 const POLICY: &str = include_str!("../seccomp.json");
 
 /// Calls of the policy that only x86_64's older system call table has;
-/// aarch64 and riscv64 never had them (their libc uses `ppoll` and
-/// `readlinkat`, which the policy also lists), so the policy leaves them
-/// out there.
-pub const X86_64_ONLY: [&str; 2] = ["poll", "readlink"];
+/// aarch64 and riscv64 never had them (their libc uses `ppoll`,
+/// `readlinkat`, `fchmodat` and `utimensat`, which the policy also lists),
+/// so the policy leaves them out there.
+pub const X86_64_ONLY: [&str; 6] = ["poll", "readlink", "chmod", "utime", "utimes", "futimesat"];
 
 /// The compiled filters of the policy.
 #[derive(Debug)]
@@ -258,6 +258,8 @@ pub fn install_seccomp(serving: &BpfProgram) -> Result<(), HardenError> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::AsRawFd;
+
     use super::*;
 
     #[test]
@@ -315,8 +317,11 @@ mod tests {
         }
     }
 
-    /// The tools' denylist lets a tool read and write files but not mount,
-    /// change its root, make a namespace, use io_uring or x32 calls.
+    /// The tools' denylist lets a tool read and write files and ask its own
+    /// limits but not mount, change its root, make a namespace, use
+    /// io_uring or x32 calls, change a file's mode, make a socket, signal a
+    /// process (itself included), change another's limits or freeze a
+    /// filesystem (third audit A1, A11).
     #[test]
     #[allow(unsafe_code, reason = "raw system calls that the filter must refuse")]
     fn the_tools_filter_denies_what_no_tool_needs() {
@@ -346,15 +351,53 @@ mod tests {
             let clone3 = raw(libc::SYS_clone3, 0, 0);
             let io_uring = raw(libc::SYS_io_uring_setup, 1, 0);
             let x32 = raw(libc::c_long::from(X32_SYSCALL_BIT) | libc::SYS_getpid, 0, 0);
-            (reads, umount.err(), chroot.err(), new_user, clone3, io_uring, x32)
+            // Without the filter: ENOENT, a socket, 0, 0, 0 and ENOTTY.
+            let own = libc::c_long::from(rustix::process::getpid().as_raw_nonzero().get());
+            let null = std::fs::File::open("/dev/null").unwrap();
+            let denied = (
+                rustix::fs::chmod("/nonexistent", rustix::fs::Mode::RWXU)
+                    .map_err(|e| e.raw_os_error())
+                    .err(),
+                raw(
+                    libc::SYS_socket,
+                    libc::c_long::from(libc::AF_UNIX),
+                    libc::c_long::from(libc::SOCK_STREAM),
+                ),
+                raw(libc::SYS_kill, own, 0),
+                raw(libc::SYS_prlimit64, own, libc::c_long::from(libc::RLIMIT_NOFILE)),
+                raw(libc::SYS_ioctl, libc::c_long::from(null.as_raw_fd()), 0xC004_5877),
+            );
+            let own_limits = raw(libc::SYS_prlimit64, 0, libc::c_long::from(libc::RLIMIT_NOFILE));
+            (
+                reads,
+                umount.err(),
+                chroot.err(),
+                new_user,
+                clone3,
+                io_uring,
+                x32,
+                denied,
+                own_limits,
+            )
         })
         .join()
         .unwrap();
         let (eperm, enosys) = (Some(libc::EPERM), Some(libc::ENOSYS));
         assert_eq!(
             outcome,
-            (true, Some(1), Some(1), eperm, enosys, eperm, eperm),
-            "(reads, EPERM, EPERM, EPERM, ENOSYS, EPERM, EPERM)"
+            (
+                true,
+                Some(1),
+                Some(1),
+                eperm,
+                enosys,
+                eperm,
+                eperm,
+                (eperm, eperm, eperm, eperm, eperm),
+                None
+            ),
+            "(reads, EPERM, EPERM, EPERM, ENOSYS, EPERM, EPERM, (chmod, socket, kill, prlimit, FIFREEZE: EPERM), \
+             its own limits)"
         );
     }
 }

@@ -86,9 +86,9 @@ pub trait Kernel: fmt::Debug + Send + Sync {
     /// ([`mount::attach`]).
     fn attach(&self, mount: Detached, target: BorrowedFd<'_>) -> Result<OwnedFd, HelperError>;
 
-    /// Gives the bind mount whose root is `root` the per-mount `flags`
-    /// ([`mount::remount_bind`]).
-    fn remount_bind(&self, root: BorrowedFd<'_>, flags: MountFlags) -> Result<(), HelperError>;
+    /// Gives the detached `mount` exactly the per-mount `flags`
+    /// ([`mount::set_attributes`]).
+    fn set_attributes(&self, mount: &Detached, flags: MountFlags) -> Result<(), HelperError>;
 
     /// Creates the mount point `target` in `parent`, a directory or an
     /// empty file as `file_type` says ([`mount::create_mount_point`]).
@@ -206,8 +206,8 @@ impl Kernel for Linux {
         mount::attach(mount, target)
     }
 
-    fn remount_bind(&self, root: BorrowedFd<'_>, flags: MountFlags) -> Result<(), HelperError> {
-        mount::remount_bind(root, flags)
+    fn set_attributes(&self, mount: &Detached, flags: MountFlags) -> Result<(), HelperError> {
+        mount::set_attributes(mount, flags)
     }
 
     fn create_mount_point(

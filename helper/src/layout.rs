@@ -112,6 +112,24 @@ impl Layout {
         Some(Binding { hash, record })
     }
 
+    /// Whether `target`, a filesystem target path of this layout, may take
+    /// a bind of the volume staged at `staging`, a staging path of it (both
+    /// as [`Layout::accepts`] judged them): Nomad's carry Nomad's volume id
+    /// and the claim's usage (`staging/[<namespace>/]<volume>/<usage>`,
+    /// `per-alloc/<alloc>/<volume>/<usage>`; `volume.go`,
+    /// `stagingDirForVolume`, `targetForVolume`), which must be the same in
+    /// both (third audit A2, Nomad's layout); kubelet's are bound to the
+    /// volume by its records instead ([`Layout::binding`]).
+    pub fn publishes(self, staging: &[&str], target: &[&str]) -> bool {
+        match (self, staging, target) {
+            (Self::Kubelet, _, _) => true,
+            (Self::Nomad, [.., volume, usage], ["per-alloc", _, target_volume, target_usage]) => {
+                (volume, usage) == (target_volume, target_usage)
+            }
+            (Self::Nomad, _, _) => false,
+        }
+    }
+
     /// Whether the helper creates a missing parent of a target: Nomad's
     /// (its per-allocation directories), not kubelet's, which kubelet makes
     /// itself before it asks to publish (mode 0750; `csi_mounter.go`,
@@ -218,6 +236,24 @@ mod tests {
         );
         assert!(!Layout::Kubelet.creates_target_parents());
         assert!(Layout::Nomad.creates_target_parents());
+    }
+
+    #[test]
+    fn nomads_target_takes_only_the_volume_staged_for_it() {
+        let usage = "rw-file-system-single-node-writer";
+        let (staging, namespaced) = (
+            format!("staging/vol-a/{usage}"),
+            format!("staging/default/vol-a/{usage}"),
+        );
+        let publishes = |staging: &str, target: &str| Layout::Nomad.publishes(&parts(staging), &parts(target));
+        assert!(publishes(&staging, &format!("per-alloc/alloc-1/vol-a/{usage}")));
+        assert!(publishes(&namespaced, &format!("per-alloc/alloc-1/vol-a/{usage}")));
+        assert!(!publishes(&namespaced, &format!("per-alloc/alloc-1/vol-b/{usage}")));
+        assert!(!publishes(
+            &namespaced,
+            "per-alloc/alloc-1/vol-a/ro-file-system-multi-node-reader-only"
+        ));
+        assert!(Layout::Kubelet.publishes(&parts("a"), &parts("b")));
     }
 
     #[test]

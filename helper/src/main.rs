@@ -89,6 +89,11 @@ struct Args {
     /// default; systemd's TimeoutStopSec).
     #[arg(long, default_value_t = 25)]
     stop_timeout_seconds: u64,
+    /// Refuse to start where the kernel does not enforce Landlock (not
+    /// built in, or not in `lsm=`), instead of starting with a warning:
+    /// without it a tool (blkid, mkfs) may open any file root owns.
+    #[arg(long)]
+    require_landlock: bool,
 }
 
 /// Start-up, in the order of `docs/helper.md`.
@@ -115,6 +120,13 @@ fn main() -> anyhow::Result<()> {
     //    node's init.
     let roots = AllowedRoots::open(&args.allowed_roots, args.allowed_layout).context("opening the allowed roots")?;
     let mounts = MountTables::open(args.nested_pid_namespace).context("opening the node's mount table")?;
+    //    Whether the kernel enforces Landlock for the tools (asked now: the
+    //    serving filter does not allow the question).
+    let landlock = ebs_csi_helper::confine::available();
+    anyhow::ensure!(
+        landlock || !args.require_landlock,
+        "the kernel does not enforce Landlock (--require-landlock)"
+    );
     // 5. Bind the socket (owner root, the agent's group, mode 0660).
     let listener = match activated {
         Some(listener) => listener,
@@ -136,8 +148,7 @@ fn main() -> anyhow::Result<()> {
     let formatter = Executor::start("formatter", args.max_parallel_formats.into(), tool_timeout, tool_filter)
         .context("starting the executor threads")?;
     let grower = Grower::start().context("starting the grower thread")?;
-    // Asked before the serving filter, which does not allow the question.
-    if ebs_csi_helper::confine::available() {
+    if landlock {
         tracing::info!("tools confined by Landlock");
     } else {
         tracing::warn!("the kernel has no Landlock: tools may open any file root owns");

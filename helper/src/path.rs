@@ -81,14 +81,13 @@ impl AllowedRoots {
         Ok(Self { roots, layout })
     }
 
-    /// Whether an absolute, already canonical path (such as a mountinfo
-    /// mount point) lies strictly beneath one of the roots: a disk mounted
-    /// at a root itself is the host's, not a volume's.
-    pub fn contains(&self, absolute: &str) -> bool {
-        let parts: Vec<&str> = absolute.split('/').filter(|c| !c.is_empty()).collect();
-        self.roots
-            .iter()
-            .any(|root| parts.len() > root.components.len() && root.components.iter().zip(&parts).all(|(a, b)| a == b))
+    /// Whether a mount point (an absolute, canonical path, as mountinfo
+    /// gives it) is where a volume of the layout is mounted: a staging,
+    /// target or raw block target path beneath a root. A disk mounted
+    /// anywhere else — outside the roots, at a root itself, or beneath one
+    /// at a path of no volume's shape — is the host's (third audit A4).
+    pub fn holds_volume(&self, mount_point: &str) -> bool {
+        self.check(mount_point, Role::Volume).is_ok()
     }
 
     /// Checks the form of `path`, finds its root, and checks that it has
@@ -130,6 +129,17 @@ impl SafePath<'_> {
     /// The path as the agent sent it (for logs and errors).
     pub fn as_str(&self) -> &str {
         &self.text
+    }
+
+    /// Whether this target path may take a bind of the volume staged at
+    /// `staging` ([`Layout::publishes`]).
+    pub fn publishes_from(&self, staging: &SafePath<'_>) -> bool {
+        self.layout.publishes(&staging.components(), &self.components())
+    }
+
+    /// The components below the root.
+    fn components(&self) -> Vec<&str> {
+        self.below.iter().map(String::as_str).collect()
     }
 
     /// The last component.
@@ -181,7 +191,7 @@ impl SafePath<'_> {
     /// it), [`PathRefusal::OtherVolumesRecord`], or the reason the way to
     /// the record is refused (a symlink, a mount point crossed).
     pub fn check_bound(&self, volume_id: &VolumeId) -> Result<(), HelperError> {
-        let below: Vec<&str> = self.below.iter().map(String::as_str).collect();
+        let below = self.components();
         let Some(binding) = self.layout.binding(&below) else {
             return Ok(());
         };
@@ -332,9 +342,13 @@ mod tests {
         }
         let ok = roots.check(&format!("{root}/staging/v/u"), Role::Staging).unwrap();
         assert_eq!(ok.name(), "u");
-        assert!(roots.contains(&format!("{root}/a")));
-        assert!(!roots.contains(root), "a mount at the root itself is the host's");
-        assert!(!roots.contains("/var"));
+        assert!(roots.holds_volume(&format!("{root}/staging/v/u")));
+        assert!(
+            !roots.holds_volume(&format!("{root}/a")),
+            "a mount of no volume's shape is the host's"
+        );
+        assert!(!roots.holds_volume(root), "a mount at the root itself is the host's");
+        assert!(!roots.holds_volume("/var"));
         for (path, role) in [
             (format!("{root}/staging/v/u"), Role::Target),
             (format!("{root}/per-alloc/a/v/u"), Role::Staging),

@@ -7,8 +7,9 @@
 //! the helper even as PID 1 of a PID namespace (a container's first
 //! process), where the kernel discards a signal whose action is the
 //! default (pid_namespaces(7), "The namespace init process"; a blocked
-//! signal is never discarded, kernel/signal.c `sig_ignored`). Tools get an
-//! empty mask: `std::process::Command` clears it in the child.
+//! signal is never discarded, kernel/signal.c `sig_ignored`). A mask
+//! survives exec (signal(7)); a tool's child empties it before the exec
+//! (`sys::set_up_tool_child`, third audit A8).
 
 use std::io;
 use std::sync::Arc;

@@ -1,5 +1,6 @@
 //! Every `unsafe` block of the helper: `BLKGETDISKSEQ`,
-//! `EXT4_IOC_RESIZE_FS`, closing inherited descriptors and clearing the
+//! `EXT4_IOC_RESIZE_FS`, `mount_setattr` (which rustix does not wrap),
+//! closing inherited descriptors and clearing the
 //! environment at start, and setting up a tool's descriptors, capabilities,
 //! Landlock ruleset and seccomp filter in the child before it execs. (The
 //! NVMe admin ioctl and taking the socket systemd passes are in
@@ -9,7 +10,7 @@
 #![allow(unsafe_code)]
 
 use std::io;
-use std::os::fd::{BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::sync::Arc;
@@ -44,6 +45,37 @@ pub(crate) fn ext4_resize_fs(dir: BorrowedFd<'_>, blocks: u64) -> io::Result<()>
     // SAFETY: EXT4_IOC_RESIZE_FS reads one u64, which Setter passes by
     // pointer for the call.
     unsafe { ioctl(dir, Setter::<EXT4_IOC_RESIZE_FS, u64>::new(blocks)) }.map_err(io::Error::from)
+}
+
+/// Sets the attributes `set` and clears `clear` (`MOUNT_ATTR_*` bits,
+/// include/uapi/linux/mount.h; `clear` first) on the mount whose root is
+/// `mount`, that mount alone (`mount_setattr(2)` with `AT_EMPTY_PATH`, not
+/// `AT_RECURSIVE`; Linux ≥ 5.12).
+pub(crate) fn mount_setattr(mount: BorrowedFd<'_>, set: u64, clear: u64) -> io::Result<()> {
+    let attributes = libc::mount_attr {
+        attr_set: set,
+        attr_clr: clear,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: the path is a NUL-terminated empty string and `attributes` a
+    // `struct mount_attr` (MOUNT_ATTR_SIZE_VER0) that outlive the call,
+    // which only reads them.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            mount.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &raw const attributes,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Closes every descriptor from `first` up (`close_range(2)`, Linux
@@ -85,7 +117,7 @@ pub(crate) const TOOL_DEVICE_FD: RawFd = 3;
 
 /// Sets up `command`'s child before it execs: it is killed when the
 /// helper dies (`PR_SET_PDEATHSIG`, so a crashed helper leaves no tool
-/// holding a device), `fd` becomes its [`TOOL_DEVICE_FD`] (without
+/// holding a device), it blocks no signal, `fd` becomes its [`TOOL_DEVICE_FD`] (without
 /// close-on-exec), every other descriptor beyond stdio is closed, and its
 /// capabilities become `capabilities` (a mask of capability bits; with
 /// `no_new_privs` the exec cannot add any, so a tool runs with exactly
@@ -101,8 +133,8 @@ pub(crate) fn set_up_tool_child(
     let helper = rustix::process::getpid();
     // SAFETY: the closure runs in the child between fork and exec, where
     // only async-signal-safe calls are allowed; it makes raw syscalls
-    // (prctl, getppid, fcntl, dup2, capset, landlock_restrict_self,
-    // seccomp, close_range) on
+    // (prctl, getppid, sigprocmask, fcntl, dup2, capset,
+    // landlock_restrict_self, seccomp, close_range) on
     // integers, stack values and the filter compiled before the fork, and
     // allocates nothing. The parent keeps `fd` open until
     // the child has exited.
@@ -114,6 +146,13 @@ pub(crate) fn set_up_tool_child(
             rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
             if rustix::process::getppid() != Some(helper) {
                 return Err(io::Error::from(io::ErrorKind::BrokenPipe));
+            }
+            // No signal blocked: the helper's threads block SIGTERM and
+            // SIGINT (stop.rs), and a mask survives exec (signal(7)).
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&raw mut none);
+            if libc::sigprocmask(libc::SIG_SETMASK, &raw const none, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
             }
             let moved = if fd == TOOL_DEVICE_FD {
                 libc::fcntl(fd, libc::F_SETFD, 0)

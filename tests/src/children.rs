@@ -62,3 +62,14 @@ impl PeakChildren {
         self.sampler.join().unwrap_or_default()
     }
 }
+
+/// A child a test started, killed and reaped when the guard goes, so that a
+/// failed assertion leaves no process behind.
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use ebs_csi_helper_client::{ClientError, HelperClient};
 use ebs_csi_helper_proto::{
-    FormatOptions, FsType, PublishRequest, PublishSource, Reply, Request, StageRequest, VolumeId,
+    FormatOptions, FsType, HelperError, PublishRequest, PublishSource, Reply, Request, StageRequest, VolumeId,
 };
 use ebs_csi_proto::v1::node_client::NodeClient;
 use tonic::transport::{Channel, Endpoint};
@@ -470,6 +470,43 @@ impl Helper {
         command.args(Self::args(dir, &socket)).args(extra);
         let process = spawn("helper", command, dir.join("helper.log"), &socket);
         Self { socket, process }
+    }
+
+    /// The real helper, in a mount namespace of its own where `script` is
+    /// bind-mounted over `/usr/sbin/blkid` (nothing outside changes): the
+    /// stand-in for a tool a hostile image took over.
+    pub fn with_blkid(sandbox: &Sandbox, script: &str) -> Self {
+        let fake = sandbox.path().join("fake-blkid");
+        std::fs::write(&fake, script).expect("writing the stand-in tool");
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("making the stand-in tool executable");
+        let socket = sandbox.path().join("helper/helper.sock");
+        let mut command = Command::new("unshare");
+        command
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg("mount --bind \"$1\" /usr/sbin/blkid && shift && exec \"$@\"")
+            .args(["sh", &fake.to_string_lossy()])
+            .arg(binary("ebs-csi-helper"))
+            .args(Self::args(sandbox.path(), &socket));
+        Self {
+            process: spawn("helper", command, sandbox.path().join("helper.log"), &socket),
+            socket,
+        }
+    }
+
+    /// Sends `request`, a Stage the stand-in `blkid` of
+    /// [`Helper::with_blkid`] probes for, and asserts that it fails with
+    /// that tool's `detail` (`exit status: N: <what it wrote on stderr>`).
+    pub fn assert_blkid_failed(&self, request: Request, detail: &str) {
+        let answer = self.call(request);
+        let expected = HelperError::ToolFailed {
+            tool: "/usr/sbin/blkid".into(),
+            detail: detail.into(),
+        };
+        assert!(
+            matches!(&answer, Err(ClientError::Helper(e)) if *e == expected),
+            "{answer:?}"
+        );
     }
 
     /// The command that runs the helper (with [`Helper::args`] and `extra`)

@@ -586,6 +586,66 @@ fn a_disk_mounted_only_in_the_hosts_namespace_is_in_use() {
     run("umount", &[&text(&host_only)]);
 }
 
+/// Third audit A4 (E-F9b): a disk with a host's file, mounted beneath the
+/// allowed root at a path of no CSI shape, is the host's: neither staged
+/// (and so not published into a pod) nor published raw.
+#[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
+fn a_disk_mounted_beneath_a_root_at_no_volumes_path_is_the_hosts() {
+    require_root();
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let disk = LoopVolume::create(sandbox.path(), A, 64);
+    run("mkfs.ext4", &["-q", &text(&disk.device)]);
+    let data = sandbox.mkdir("kubelet/data");
+    run("mount", &[&text(&disk.device), &text(&data)]);
+    std::fs::write(data.join("secret.txt"), b"host secret").unwrap();
+    neither_staged_nor_published_raw(&sandbox, &helper, &disk, Refusal::MountedOutside);
+    run("umount", &[&text(&data)]);
+}
+
+/// Third audit A5 (E-NS): a disk mounted only in a mount namespace the
+/// helper cannot see (a process of its own, standing in for a privileged
+/// container or a `PrivateMounts=` service) shows in no mount table the
+/// helper reads, but cannot be opened exclusively: neither staged (which
+/// would mount the same filesystem a second time) nor published raw.
+#[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
+fn a_disk_mounted_in_a_namespace_the_helper_cannot_see_is_in_use() {
+    require_root();
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let disk = LoopVolume::create(sandbox.path(), A, 64);
+    run("mkfs.ext4", &["-q", &text(&disk.device)]);
+    let hidden = sandbox.mkdir("hidden");
+    let mut holder = std::process::Command::new("unshare");
+    holder
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount \"$0\" \"$1\" && echo mounted && exec sleep 120")
+        .args([text(&disk.device), text(&hidden)])
+        .stdout(std::process::Stdio::piped());
+    let mut holder = ebs_csi_tests::children::Killed(holder.spawn().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.0.stdout.take().unwrap()), &mut line).unwrap();
+    assert_eq!(line, "mounted\n");
+    assert!(!pid1_mounts().contains(&text(&hidden)));
+    neither_staged_nor_published_raw(&sandbox, &helper, &disk, Refusal::HeldUnseen);
+}
+
+/// Asserts that a Stage and a raw block Publish of `disk` (volume A) are
+/// both refused for `reason`, and that neither mounted nor made anything.
+fn neither_staged_nor_published_raw(sandbox: &Sandbox, helper: &Helper, disk: &LoopVolume, reason: Refusal) {
+    let staging = sandbox.staging(A);
+    let target = sandbox.block_target("a", A, A);
+    for request in [
+        stage(A, &disk.device, &staging),
+        publish_device(A, &disk.device, &target),
+    ] {
+        expect_refused(helper, request, &device_refused(&text(&disk.device), A, reason));
+    }
+    assert!(!is_mounted(&staging) && !target.exists());
+}
+
 /// T9, with a stopped tool standing in for a hung one: a tool still
 /// running at `--tool-timeout-seconds` is killed, the request fails with
 /// `ToolFailed`, nothing is mounted, and the next request works.

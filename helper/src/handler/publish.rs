@@ -13,7 +13,6 @@ use crate::error::{Operation, PathRefusal};
 use crate::layout::Role;
 use crate::mount::Node;
 use crate::options;
-use crate::path::SafePath;
 
 /// What Publish bind-mounts: the staged filesystem's root, or a raw block
 /// volume's device node.
@@ -71,6 +70,11 @@ impl Handler {
         };
         let target = self.roots.check(&r.target_path, role)?;
         target.check_bound(volume_id)?;
+        if let PublishSource::Staging { staging_path, .. } = &r.source
+            && !target.publishes_from(&self.roots.check(staging_path, Role::Staging)?)
+        {
+            return Err(PathRefusal::OtherVolumesTarget.of(&r.target_path));
+        }
         let parent = target.open_parent(target.creates_parents())?;
         if let Some(existing) = open_target(&parent, &target)? {
             let node = self.kernel.inspect(existing.as_fd())?;
@@ -86,7 +90,7 @@ impl Handler {
                 return Err(PathRefusal::ExistsOfOtherType(source.target_type).of(&r.target_path));
             }
             refuse_if_not_empty(&target, &existing, &node)?;
-            return self.bind_checked(&source, existing, &parent, &target, flags);
+            return self.bind_checked(&source, &existing, flags);
         }
         self.kernel
             .create_mount_point(parent.as_fd(), &target, source.target_type)?;
@@ -103,7 +107,7 @@ impl Handler {
                 refuse_if_not_empty(&target, &created, &node)?;
                 Ok(created)
             })
-            .and_then(|created| self.bind_checked(&source, created, &parent, &target, flags))
+            .and_then(|created| self.bind_checked(&source, &created, flags))
             .inspect_err(|_| {
                 let flags = if source.target_type == FileType::Directory {
                     AtFlags::REMOVEDIR
@@ -167,27 +171,16 @@ impl Handler {
     }
 
     /// Bind-mounts the source onto `target_fd`, the target the helper
-    /// opened: the new mount is checked to be the source before it is
-    /// attached, then given `flags`; if that fails it is unmounted again.
-    fn bind_checked(
-        &self,
-        source: &Source,
-        target_fd: OwnedFd,
-        parent: &OwnedFd,
-        target: &SafePath<'_>,
-        flags: MountFlags,
-    ) -> Result<Reply, HelperError> {
+    /// opened: the new mount is checked to be the source and given `flags`
+    /// while detached, and only then attached, so that it is never seen
+    /// with fewer (read-write where read-only was asked: third audit A9).
+    fn bind_checked(&self, source: &Source, target_fd: &OwnedFd, flags: MountFlags) -> Result<Reply, HelperError> {
         let mount = self.kernel.bind(source.fd.as_fd())?;
         if !source.shows(&self.kernel.inspect(mount.fd())?) {
             return Err(Operation::CheckBind.failed("the source changed during the request"));
         }
-        let root = self.kernel.attach(mount, target_fd.as_fd())?;
-        drop(target_fd);
-        if let Err(e) = self.kernel.remount_bind(root.as_fd(), flags) {
-            drop(root);
-            self.kernel.unmount(parent.as_fd(), target.name())?;
-            return Err(e);
-        }
+        self.kernel.set_attributes(&mount, flags)?;
+        self.kernel.attach(mount, target_fd.as_fd())?;
         Ok(Reply::Done)
     }
 }

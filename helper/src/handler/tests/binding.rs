@@ -1,13 +1,15 @@
 //! Every kubelet path bound to its volume (audit 3, A2, A3, A10): a staging
 //! path named by another volume's hash, a path without kubelet's record of
 //! the volume beside it or with one of another driver or volume, and a
-//! target whose parent kubelet never made are refused, and nothing changes.
+//! target whose parent kubelet never made are refused, and nothing changes;
+//! a Nomad target takes only the volume staged at its staging path.
 
-use ebs_csi_helper_proto::{PublishSource, Request};
+use ebs_csi_helper_proto::{PublishSource, Reply, Request};
 
 use super::fake::Step;
 use super::{OTHER_VOLUME, VOLUME, World};
 use crate::error::PathRefusal;
+use crate::layout::Layout;
 use crate::record;
 
 /// kubelet's directory of `volume`'s staging path, beneath its root.
@@ -102,4 +104,29 @@ fn no_parent_of_a_kubelet_target_is_created() {
     let other = world.path(&format!("{}/globalmount", volume_dir(OTHER_VOLUME)));
     staging_path.clone_from(&other);
     world.refused(Request::Publish(request), &PathRefusal::OtherVolumesHash.of(&other));
+}
+
+/// Nomad's layout (third audit A2): a staged filesystem is bound only onto
+/// a target that carries its staging path's Nomad volume id and usage.
+#[test]
+fn a_nomad_target_of_another_volume_is_refused() {
+    let world = World::with_layout(Layout::Nomad);
+    let usage = "rw-file-system-single-node-writer";
+    let staging = world.path(&format!("staging/default/vol-a/{usage}"));
+    std::fs::create_dir_all(&staging).unwrap();
+    let mut stage = world.stage_request();
+    stage.staging_path.clone_from(&staging);
+    assert_eq!(world.handle(Request::Stage(stage)), Ok(Reply::Done));
+    let publish = |target: String| {
+        let mut request = world.publish_request(false);
+        request.target_path = target;
+        if let PublishSource::Staging { staging_path, .. } = &mut request.source {
+            staging_path.clone_from(&staging);
+        }
+        Request::Publish(request)
+    };
+    let other = world.path(&format!("per-alloc/alloc-1/vol-b/{usage}"));
+    world.refused(publish(other.clone()), &PathRefusal::OtherVolumesTarget.of(&other));
+    let own = world.path(&format!("per-alloc/alloc-1/vol-a/{usage}"));
+    assert_eq!(world.handle(publish(own)), Ok(Reply::Done));
 }

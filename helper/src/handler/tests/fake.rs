@@ -52,7 +52,7 @@ pub enum Step {
     Mount,
     Bind,
     Attach,
-    Remount,
+    SetAttributes,
     CreateMountPoint,
     Unmount,
     FilesystemSize,
@@ -76,10 +76,10 @@ pub enum Action {
     },
     /// A detached bind mount of what `source` (a path or a device) shows.
     Bind { source: String },
+    /// The detached mount given exactly `flags`.
+    SetAttributes { flags: MountFlags },
     /// A detached mount attached at `target`.
     Attach { target: String },
-    /// The bind mount at `target` given `flags`.
-    Remount { target: String, flags: MountFlags },
     /// The mount at `target` removed.
     Unmount { target: String },
     /// The ext filesystem mounted at `target` grown to `blocks`.
@@ -378,7 +378,7 @@ impl State {
             .iter_mut()
             .rev()
             .find(|m| m.point == (real.dev, real.ino))
-            .ok_or_else(|| Operation::Remount.failed("the fake: not a mount's root"))
+            .ok_or_else(|| Operation::Attach.failed("the fake: not a mount's root"))
     }
 
     /// A detached mount whose root shows `root`, listed as `entry`.
@@ -437,7 +437,7 @@ impl Kernel for Arc<Fake> {
         let number = device.number;
         if mounts
             .iter()
-            .any(|m| (m.major, m.minor) == number && !roots.contains(&m.mount_point))
+            .any(|m| (m.major, m.minor) == number && !roots.holds_volume(&m.mount_point))
         {
             return Err(refuse(Refusal::MountedOutside));
         }
@@ -558,13 +558,17 @@ impl Kernel for Arc<Fake> {
         Ok(target.try_clone_to_owned().unwrap())
     }
 
-    fn remount_bind(&self, root: BorrowedFd<'_>, flags: MountFlags) -> Result<(), HelperError> {
-        let mut state = self.call(Step::Remount)?;
-        let mount = state.attached(root)?;
+    fn set_attributes(&self, mount: &Detached, flags: MountFlags) -> Result<(), HelperError> {
+        let mut state = self.call(Step::SetAttributes)?;
+        let made = mount::inspect(mount.fd())?;
+        let detached = state
+            .detached
+            .iter_mut()
+            .find(|m| m.point == (made.dev, made.ino))
+            .unwrap();
         let access = if flags.contains(MountFlags::RDONLY) { "ro" } else { "rw" };
-        mount.entry.mount_options = format!("{access},nosuid,nodev");
-        let target = mount.path.clone();
-        state.actions.push(Action::Remount { target, flags });
+        detached.entry.mount_options = format!("{access},nosuid,nodev");
+        state.actions.push(Action::SetAttributes { flags });
         Ok(())
     }
 

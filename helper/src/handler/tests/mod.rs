@@ -7,7 +7,7 @@
 //! broken: the kernel answers as the fake does — the loop-device suites
 //! (`tests/tests/helper_*.rs`, as root) run the same requests against
 //! [`crate::kernel::Linux`]; paths are real directories in a temporary
-//! directory, with kubelet's shapes.
+//! directory, with kubelet's shapes (Nomad's where a test says so).
 
 mod binding;
 mod expand;
@@ -57,27 +57,10 @@ struct World {
 }
 
 impl World {
+    /// The world in kubelet's layout, with what kubelet makes before it
+    /// asks to stage or publish.
     fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().canonicalize().unwrap().join("kubelet");
-        std::fs::create_dir(&root).unwrap();
-        let fake = Fake::new();
-        fake.add_device("nvme1n1", NUMBER, &volume(), SIZE, Contents::Blank);
-        fake.add_device(
-            "nvme2n1",
-            (259, 2),
-            &VolumeId::parse(OTHER_VOLUME).unwrap(),
-            SIZE,
-            Contents::Blank,
-        );
-        let roots = AllowedRoots::open(std::slice::from_ref(&root), Layout::Kubelet).unwrap();
-        let handler = Handler::new(roots, Box::new(Arc::clone(&fake)));
-        let world = Self {
-            _dir: dir,
-            root,
-            fake,
-            handler,
-        };
+        let world = Self::with_layout(Layout::Kubelet);
         // What kubelet makes before it asks to stage or publish: the
         // staging directory, the targets' parents, its record of the volume
         // beside each (`crate::record`).
@@ -94,6 +77,30 @@ impl World {
         }
         std::fs::create_dir_all(world.path("plugins/kubernetes.io/csi/volumeDevices/publish/pv-1")).unwrap();
         world
+    }
+
+    /// An empty root directory of `layout`'s paths.
+    fn with_layout(layout: Layout) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap().join("kubelet");
+        std::fs::create_dir(&root).unwrap();
+        let fake = Fake::new();
+        fake.add_device("nvme1n1", NUMBER, &volume(), SIZE, Contents::Blank);
+        fake.add_device(
+            "nvme2n1",
+            (259, 2),
+            &VolumeId::parse(OTHER_VOLUME).unwrap(),
+            SIZE,
+            Contents::Blank,
+        );
+        let roots = AllowedRoots::open(std::slice::from_ref(&root), layout).unwrap();
+        let handler = Handler::new(roots, Box::new(Arc::clone(&fake)));
+        Self {
+            _dir: dir,
+            root,
+            fake,
+            handler,
+        }
     }
 
     /// Writes kubelet's record of `volume` of `driver` into `dir` beneath

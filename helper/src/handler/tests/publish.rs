@@ -13,11 +13,8 @@ use crate::error::PathRefusal;
 fn bound(source: &str, target: &str, flags: MountFlags) -> [Action; 3] {
     [
         Action::Bind { source: source.into() },
+        Action::SetAttributes { flags },
         Action::Attach { target: target.into() },
-        Action::Remount {
-            target: target.into(),
-            flags,
-        },
     ]
 }
 
@@ -122,19 +119,18 @@ fn an_existing_target_must_be_an_empty_directory() {
 }
 
 #[test]
-fn a_failed_remount_unmounts_and_removes_the_target_it_created() {
+fn a_bind_whose_flags_fail_is_never_attached_and_the_target_it_created_goes() {
     let world = World::staged();
     let failure = HelperError::System {
-        operation: "remount".into(),
+        operation: "setting a mount's attributes".into(),
         detail: "EPERM".into(),
     };
-    world.fake.fail(Step::Remount, 0, failure.clone());
+    world.fake.fail(Step::SetAttributes, 0, failure.clone());
     assert_eq!(
         world.handle(Request::Publish(world.publish_request(false))),
         Err(failure)
     );
-    let mut expected = bound(&world.staging(), &world.target(), MountFlags::empty())[..2].to_vec();
-    expected.push(Action::Unmount { target: world.target() });
+    let expected = bound(&world.staging(), &world.target(), MountFlags::empty())[..1].to_vec();
     assert_eq!(world.fake.actions(), expected);
     assert_eq!(world.fake.mounted().len(), 1);
     assert!(!std::path::Path::new(&world.target()).exists());

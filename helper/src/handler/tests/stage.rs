@@ -220,6 +220,13 @@ fn a_device_in_use_by_the_host_or_as_a_raw_block_volume_is_refused() {
     world.fake.mount_foreign(&outside, "ext4", NUMBER);
     world.refused(stage(&world), &device_refused(DEVICE, Refusal::MountedOutside));
 
+    // Beneath the root, at a path of no volume's shape (third audit A4).
+    let world = World::new();
+    let beneath = world.root.join("data");
+    std::fs::create_dir(&beneath).unwrap();
+    world.fake.mount_foreign(&beneath, "ext4", NUMBER);
+    world.refused(stage(&world), &device_refused(DEVICE, Refusal::MountedOutside));
+
     let world = World::new();
     assert_eq!(
         world.handle(Request::Publish(world.block_publish_request())),

@@ -1,0 +1,146 @@
+//! The findings of the helper's third audit (`shared/reviews/helper-audit-3.md`)
+//! that only the real binary shows, each built like the audit's experiment,
+//! over loop devices: the exact answer, and nothing changed afterwards. (A2,
+//! A3 and A10 are the handler's unit tests, `helper/src/handler/tests/binding.rs`;
+//! A4 and A5 are with the other devices in use, in `helper_audit.rs`; A7 is
+//! `helper_reaudit.rs`'s `a_process_a_tool_leaves_behind_ends_with_it`.)
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration tests: a failed step fails the test"
+)]
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
+use std::process::Command;
+use std::time::Duration;
+
+use ebs_csi_helper_proto::FsType;
+use ebs_csi_tests::children::Killed;
+use ebs_csi_tests::{Helper, LoopVolume, Sandbox, is_mounted, require_root, stage_request, wait_until};
+
+/// A1 and A8 (E-L, E-S): a `blkid` taken over by a hostile image is root
+/// without capabilities, and Landlock alone did not stop it from making a
+/// root file set-uid, connecting to a root-only unix socket, stopping or
+/// limiting another root process, or reading `/etc/shadow` back to the
+/// agent; and it ran with SIGTERM and SIGINT blocked. A stand-in (Python,
+/// bind-mounted over the real one in the helper's own mount namespace)
+/// tries each during a Stage and reports what happened: every attempt is
+/// refused (EACCES from Landlock, EPERM from the tools' seccomp filter), no
+/// signal is blocked, and nothing it aimed at changed.
+#[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
+fn a_taken_over_tool_changes_nothing_outside_its_volume() {
+    require_root();
+    let sandbox = Sandbox::new();
+    let canary = sandbox.path().join("canary");
+    std::fs::write(&canary, b"canary").unwrap();
+    std::fs::set_permissions(&canary, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let before = std::fs::metadata(&canary).unwrap();
+    let socket_path = sandbox.path().join("root.sock");
+    let socket = UnixListener::bind(&socket_path).unwrap();
+    std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    socket.set_nonblocking(true).unwrap();
+    let victim = Killed(Command::new("sleep").arg("120").spawn().unwrap());
+    let limits = || std::fs::read_to_string(format!("/proc/{}/limits", victim.0.id())).unwrap();
+    let victim_limits = limits();
+    let script = format!(
+        r#"#!/usr/bin/python3 -I
+import errno, os, resource, signal, socket, sys
+def attempt(name, action):
+    try:
+        action()
+        return name + ":done"
+    except OSError as e:
+        return name + ":" + errno.errorcode[e.errno]
+tried = [
+    attempt("shadow", lambda: open("/etc/shadow", "rb").read()),
+    attempt("chmod", lambda: os.chmod("{canary}", 0o4777)),
+    attempt("utime", lambda: os.utime("{canary}", (0, 0))),
+    attempt("setxattr", lambda: os.setxattr("{canary}", "user.audit3", b"x")),
+    attempt("unix-socket", lambda: socket.socket(socket.AF_UNIX).connect("{socket}")),
+    attempt("tcp", lambda: socket.create_connection(("127.0.0.1", 9))),
+    attempt("stop", lambda: os.kill({victim}, signal.SIGSTOP)),
+    attempt("prlimit", lambda: resource.prlimit({victim}, resource.RLIMIT_NOFILE, (4, 4))),
+    attempt("signal-helper", lambda: os.kill(os.getppid(), 0)),
+]
+blocked = [line.split()[1] for line in open("/proc/self/status") if line.startswith("SigBlk:")]
+print(" ".join(tried), "blocked:" + blocked[0], file=sys.stderr)
+sys.exit(4)
+"#,
+        canary = canary.display(),
+        socket = socket_path.display(),
+        victim = victim.0.id(),
+    );
+    let helper = Helper::with_blkid(&sandbox, &script);
+    let volume = LoopVolume::create(sandbox.path(), "vol-0a1a1a1a1a1a1a1a1", 64);
+    let staging = sandbox.staging(&volume.volume_id);
+    helper.assert_blkid_failed(
+        stage_request(&volume.volume_id, &volume.device, &staging, FsType::Ext4, &[]),
+        "exit status: 4: shadow:EACCES chmod:EPERM utime:EPERM setxattr:EPERM unix-socket:EPERM tcp:EPERM \
+         stop:EPERM prlimit:EPERM signal-helper:EPERM blocked:0000000000000000",
+    );
+    let after = std::fs::metadata(&canary).unwrap();
+    assert_eq!(
+        (after.mode(), after.mtime(), after.mtime_nsec()),
+        (before.mode(), before.mtime(), before.mtime_nsec())
+    );
+    let xattr = rustix::fs::getxattr(&canary, "user.audit3", &mut [0u8; 16]);
+    assert_eq!(xattr, Err(rustix::io::Errno::NODATA));
+    assert_eq!(
+        socket.accept().map(|_| ()).map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::WouldBlock)
+    );
+    let state = std::fs::read_to_string(format!("/proc/{}/stat", victim.0.id())).unwrap();
+    assert!(state.contains(") S "), "{state}");
+    assert_eq!(limits(), victim_limits);
+    assert!(!is_mounted(&staging));
+    assert_eq!(volume.signature(), String::new());
+}
+
+/// A1 (fix 4): `--require-landlock` refuses to start where the kernel does
+/// not enforce Landlock (here a seccomp filter, put in place by Python's
+/// ctypes before it execs the helper, answers `landlock_create_ruleset`
+/// ENOSYS, as a kernel without Landlock does), before it binds its socket;
+/// where the kernel enforces it, the helper starts and says the tools are
+/// confined.
+#[test]
+#[cfg_attr(not_root, ignore = "needs root: the helper")]
+fn require_landlock_refuses_a_kernel_without_it() {
+    require_root();
+    let sandbox = Sandbox::new();
+    let socket = sandbox.path().join("helper/helper.sock");
+    // ld [nr]; jeq 444 (x86_64's landlock_create_ruleset), else allow;
+    // SECCOMP_RET_ERRNO | ENOSYS.
+    let without_landlock = r#"
+import ctypes, os, struct, sys
+code = [(0x20, 0, 0, 0), (0x15, 0, 1, 444), (0x06, 0, 0, 0x00050000 | 38), (0x06, 0, 0, 0x7fff0000)]
+program = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *i) for i in code))
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+fprog = Fprog(len(code), ctypes.addressof(program))
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+os.execv(sys.argv[1], sys.argv[1:])
+"#;
+    let refused = Command::new("/usr/bin/python3")
+        .args(["-I", "-c", without_landlock])
+        .arg(ebs_csi_tests::binary("ebs-csi-helper"))
+        .args(Helper::args(sandbox.path(), &socket))
+        .arg("--require-landlock")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.ends_with("Error: the kernel does not enforce Landlock (--require-landlock)\n"),
+        "{stderr}"
+    );
+    assert!(!socket.exists());
+    let helper = Helper::start(&sandbox, &["--require-landlock"]);
+    // Logged after the socket is bound, which Helper::start waits for.
+    wait_until("the helper's word on Landlock", Duration::from_secs(10), || {
+        helper.process.log().contains("tools confined by Landlock")
+    });
+}
