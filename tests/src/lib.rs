@@ -112,24 +112,63 @@ pub fn wait_until(what: &str, deadline: Duration, mut condition: impl FnMut() ->
 }
 
 /// A scratch tree: the helper's allowed root, sockets, backing files.
+///
+/// As root, the tree is a shared mount of its own (bound onto itself,
+/// `MS_SHARED`), as `/` is on a host that systemd runs. A mount namespace
+/// made while one of its volumes is mounted (a test's `unshare --mount`,
+/// here or in another test running beside it) holds a copy of that mount,
+/// and with it the volume's filesystem: made private, it keeps the copy
+/// after the test unmounts the volume, and the helper then rightly refuses
+/// to stage it again (`Refusal::HeldUnseen` of `ebs_csi_helper::device`);
+/// made a slave of a shared mount, the unmount reaches the copy too (the
+/// kernel's `Documentation/filesystems/sharedsubtree.rst`). Tests
+/// therefore make their namespaces slaves ([`SLAVE_NAMESPACE`]).
 pub struct Sandbox {
     dir: tempfile::TempDir,
 }
 
+/// `unshare`'s arguments for a new mount namespace whose copies of the
+/// sandboxes' mounts follow the host's (see [`Sandbox`]).
+pub const SLAVE_NAMESPACE: [&str; 3] = ["--mount", "--propagation", "slave"];
+
+/// The start of every sandbox's name in the temporary directory:
+/// `ebs-csi-test-`, then the run's mark (`EBS_CSI_TEST_RUN`, which make
+/// test exports) and `-` where there is one, so that what one run left
+/// behind is told from another's running beside it (tests/leftovers.py).
+pub fn sandbox_prefix() -> String {
+    match std::env::var("EBS_CSI_TEST_RUN") {
+        Ok(mark) => format!("ebs-csi-test-{mark}-"),
+        Err(_) => "ebs-csi-test-".to_owned(),
+    }
+}
+
 impl Sandbox {
-    /// A new world-traversable temporary directory.
+    /// A new world-traversable temporary directory ([`sandbox_prefix`]),
+    /// as root a shared mount of its own.
     pub fn new() -> Self {
         let dir = tempfile::Builder::new()
-            .prefix("ebs-csi-test-")
+            .prefix(&sandbox_prefix())
             .tempdir()
             .expect("tempdir");
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        if rustix::process::geteuid().is_root() {
+            rustix::mount::mount_bind(dir.path(), dir.path()).expect("binding the sandbox onto itself");
+            rustix::mount::mount_change(dir.path(), rustix::mount::MountPropagationFlags::SHARED)
+                .expect("making the sandbox a shared mount");
+        }
         Self { dir }
     }
 
     /// The root directory.
     pub fn path(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Mount points beneath the root: what the test mounted, not the
+    /// sandbox's own mount.
+    pub fn mounts(&self) -> Vec<String> {
+        let root = format!("{}/", self.path().to_string_lossy());
+        ebs_csi_mounts().into_iter().filter(|m| m.starts_with(&root)).collect()
     }
 
     /// The allowed root handed to the helper (`<sandbox>/kubelet`): root's,
@@ -275,8 +314,8 @@ impl Default for Sandbox {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        // Unmount whatever a failed test left behind, deepest first, so the
-        // temporary directory can be removed.
+        // Unmount whatever a failed test left behind, deepest first, then
+        // the sandbox's own mount, so the temporary directory can be removed.
         let root = self.path().to_string_lossy().into_owned();
         let mut mounts: Vec<String> = ebs_csi_mounts().into_iter().filter(|m| m.starts_with(&root)).collect();
         mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
@@ -483,8 +522,12 @@ impl Helper {
         let socket = sandbox.path().join("helper/helper.sock");
         let mut command = Command::new("unshare");
         command
-            .args(["--mount", "--propagation", "private", "sh", "-c"])
-            .arg("mount --bind \"$1\" /usr/sbin/blkid && shift && exec \"$@\"")
+            .args(SLAVE_NAMESPACE)
+            .args([
+                "sh",
+                "-c",
+                "mount --bind \"$1\" /usr/sbin/blkid && shift && exec \"$@\"",
+            ])
             .args(["sh", &fake.to_string_lossy()])
             .arg(binary("ebs-csi-helper"))
             .args(Self::args(sandbox.path(), &socket));

@@ -759,10 +759,10 @@ pub async fn lifecycle(env: &Environment, report: &mut Report) -> Result<(), Fai
             )
             .await?;
     }
-    let root = env.sandbox.path().to_owned();
+    let sandbox = &env.sandbox;
     report
         .step("nothing left mounted", Component::Agent, async {
-            let left = crate::mounts_under(&root);
+            let left = sandbox.mounts();
             if left.is_empty() {
                 Ok(())
             } else {

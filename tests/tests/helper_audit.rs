@@ -25,8 +25,8 @@ use ebs_csi_tests::children::exited;
 use ebs_csi_tests::exec_gate::{ExecGate, MKFS};
 use ebs_csi_tests::loopdev::run;
 use ebs_csi_tests::{
-    AGENT_UID, Helper, LoopVolume, Sandbox, binary, ebs_csi_mounts, is_mounted, mounts_under, publish_device,
-    publish_staged, require_root, run_as, spawn, stage_request, wait_until,
+    AGENT_UID, Helper, LoopVolume, SLAVE_NAMESPACE, Sandbox, binary, ebs_csi_mounts, is_mounted, mounts_under,
+    publish_device, publish_staged, require_root, run_as, spawn, stage_request, wait_until,
 };
 use rustix::process::{Pid, Signal, kill_process};
 
@@ -551,8 +551,9 @@ fn devices_in_use_are_neither_staged_nor_published_raw() {
 }
 
 /// T14, second half: a helper in a mount namespace of its own (as in a
-/// container) still sees a disk mounted only in the host's (PID 1's), and
-/// refuses it.
+/// container; its copy of the sandbox private, so that the host's mounts
+/// there do not reach it) still sees a disk mounted only in the host's
+/// (PID 1's), and refuses it.
 #[test]
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_disk_mounted_only_in_the_hosts_namespace_is_in_use() {
@@ -561,7 +562,9 @@ fn a_disk_mounted_only_in_the_hosts_namespace_is_in_use() {
     let socket = sandbox.path().join("helper/helper.sock");
     let mut command = std::process::Command::new("unshare");
     command
-        .args(["--mount", "--propagation", "private"])
+        .args(SLAVE_NAMESPACE)
+        .args(["sh", "-c", "mount --make-private \"$0\" && exec \"$@\""])
+        .arg(sandbox.path())
         .arg(binary("ebs-csi-helper"))
         .args(Helper::args(sandbox.path(), &socket));
     let helper = Helper {
@@ -620,8 +623,8 @@ fn a_disk_mounted_in_a_namespace_the_helper_cannot_see_is_in_use() {
     let hidden = sandbox.mkdir("hidden");
     let mut holder = std::process::Command::new("unshare");
     holder
-        .args(["--mount", "--propagation", "private", "sh", "-c"])
-        .arg("mount \"$0\" \"$1\" && echo mounted && exec sleep 120")
+        .args(SLAVE_NAMESPACE)
+        .args(["sh", "-c", "mount \"$0\" \"$1\" && echo mounted && exec sleep 120"])
         .args([text(&disk.device), text(&hidden)])
         .stdout(std::process::Stdio::piped());
     let mut holder = ebs_csi_tests::children::Killed(holder.spawn().unwrap());
@@ -630,6 +633,48 @@ fn a_disk_mounted_in_a_namespace_the_helper_cannot_see_is_in_use() {
     assert_eq!(line, "mounted\n");
     assert!(!pid1_mounts().contains(&text(&hidden)));
     neither_staged_nor_published_raw(&sandbox, &helper, &disk, Refusal::HeldUnseen);
+}
+
+/// The tests' world (tests/src/lib.rs, `Sandbox`): a mount namespace
+/// made while a volume is staged (as a test running beside this one may
+/// make one) holds a copy of the staging mount only while the host does.
+/// Unstaged, the volume stages again, rather than being refused as held
+/// where the helper cannot see, as it would be were the namespace private.
+#[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
+fn a_namespace_made_beside_a_staged_volume_lets_it_go() {
+    require_root();
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let volume = LoopVolume::create(sandbox.path(), A, 64);
+    let staging = sandbox.staging(A);
+    let unstage = || {
+        let request = Request::Unstage(UnstageRequest {
+            staging_path: text(&staging),
+        });
+        assert_eq!(helper.call(request).unwrap(), Reply::Done);
+    };
+    assert_eq!(helper.call(stage(A, &volume.device, &staging)).unwrap(), Reply::Done);
+    let mut holder = std::process::Command::new("unshare");
+    holder
+        .args(SLAVE_NAMESPACE)
+        .args(["sh", "-c", "echo ready && exec sleep 120"])
+        .stdout(std::process::Stdio::piped());
+    let mut holder = ebs_csi_tests::children::Killed(holder.spawn().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.0.stdout.take().unwrap()), &mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let holds_a_copy = || {
+        std::fs::read_to_string(format!("/proc/{}/mountinfo", holder.0.id()))
+            .unwrap()
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some(text(&staging).as_str()))
+    };
+    assert!(holds_a_copy(), "the namespace was made without the staging mount");
+    unstage();
+    assert!(!holds_a_copy(), "the unmount did not reach the namespace's copy");
+    assert_eq!(helper.call(stage(A, &volume.device, &staging)).unwrap(), Reply::Done);
+    unstage();
 }
 
 /// Asserts that a Stage and a raw block Publish of `disk` (volume A) are
@@ -886,7 +931,7 @@ fn malformed_frames_and_control_characters_change_nothing() {
         !log.split(['\n', '\r']).any(|line| line.starts_with("FORGED")),
         "a request forged a log line:\n{log}"
     );
-    assert!(mounts_under(sandbox.path()).is_empty());
+    assert!(sandbox.mounts().is_empty());
     assert!(ebs_csi_mounts().iter().all(|m| !m.contains("FORGED")));
 }
 

@@ -21,9 +21,7 @@ use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use ebs_csi_proto::v1::{NodeStageVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability};
 use ebs_csi_tests::children::exited;
 use ebs_csi_tests::exec_gate::{ExecGate, MKFS, XFS_GROWFS};
-use ebs_csi_tests::{
-    Agent, Helper, LoopVolume, Sandbox, is_mounted, mounts_under, require_root, stage_request, wait_until,
-};
+use ebs_csi_tests::{Agent, Helper, LoopVolume, Sandbox, is_mounted, require_root, stage_request, wait_until};
 use rustix::process::{Pid, Signal, kill_process};
 
 const VOLUME: &str = "vol-0aaaaaaaaaaaaaaa1";
@@ -148,11 +146,7 @@ fn crash_at(step: Step) {
     // The retry succeeds and mounts the volume exactly once.
     assert_eq!(helper.call(stage.clone()).unwrap(), Reply::Done, "{step:?}: retry");
     assert!(is_mounted(&staging));
-    assert_eq!(
-        mounts_under(sandbox.path()).len(),
-        1,
-        "{step:?}: mounted more than once"
-    );
+    assert_eq!(sandbox.mounts().len(), 1, "{step:?}: mounted more than once");
     if matches!(step, Step::DuringMkfs | Step::AfterMkfs) {
         std::fs::write(&marker, "intact").unwrap();
     }
@@ -241,7 +235,7 @@ async fn an_agent_killed_mid_stage_leaves_a_retry_that_works() {
         .await
         .unwrap();
         client.node_stage_volume(request.clone()).await.unwrap();
-        assert_eq!(mounts_under(sandbox.path()).len(), 1, "mounted more than once");
+        assert_eq!(sandbox.mounts().len(), 1, "mounted more than once");
         let marker = staging.join("written-after-the-crash");
         std::fs::write(&marker, "intact").unwrap();
         let formatted = volume.uuid();
