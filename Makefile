@@ -176,7 +176,7 @@ test-deps:
 ## run's own outlives it (a process, a sandbox's mount or loop device) is
 ## reported and ended, and fails the run (tests/leftovers.py).
 test: test-deps
-	@mark=$$(od -An -N8 -tx8 /dev/urandom | tr -d ' '); \
+	@mark=$$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n'); \
 	EBS_CSI_TEST_RUN=$$mark MAKE="$(MAKE)" tests/test-tree.sh $(TARGET_DIR) test-steps; status=$$?; \
 	python3 tests/leftovers.py $$mark || status=1; exit $$status
 

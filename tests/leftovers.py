@@ -1,14 +1,15 @@
 """What a test run left behind: every process that carries the run's mark
 (EBS_CSI_TEST_RUN=TOKEN in its environment, which make test exports and
 every process it starts inherits, in whatever PID namespace) or names one
-of the run's test sandboxes (`<temp dir>/ebs-csi-test-TOKEN-*`,
+of the run's test sandboxes (`<temp dir>/ebs-csi-test-TOKEN*`,
 tests/src/lib.rs `sandbox_prefix`), and every mount and loop device of
 one. Each is reported, then ended (processes killed, mounts and loop
 devices detached), and the exit status is 1 if there was any, so that
 `make test` fails when anything of its own outlives it. What another run
 beside this one has is left alone.
 
-Usage: python3 tests/leftovers.py TOKEN   (make test, after its steps)
+Usage: python3 tests/leftovers.py TOKEN   (make test, after its steps; TOKEN
+is six hex digits)
 """
 
 import os
@@ -80,7 +81,7 @@ def sandbox_loop_devices(sandbox):
 
 def main():
     mark = f"EBS_CSI_TEST_RUN={sys.argv[1]}".encode()
-    sandbox = str(Path(tempfile.gettempdir()) / f"ebs-csi-test-{sys.argv[1]}-")
+    sandbox = str(Path(tempfile.gettempdir()) / f"ebs-csi-test-{sys.argv[1]}")
     problems = []
     for pid, command in run_processes(mark, sandbox):
         problems.append(f"left running: pid {pid}: {command}")

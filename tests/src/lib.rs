@@ -132,14 +132,14 @@ pub struct Sandbox {
 pub const SLAVE_NAMESPACE: [&str; 3] = ["--mount", "--propagation", "slave"];
 
 /// The start of every sandbox's name in the temporary directory:
-/// `ebs-csi-test-`, then the run's mark (`EBS_CSI_TEST_RUN`, which make
-/// test exports) and `-` where there is one, so that what one run left
-/// behind is told from another's running beside it (tests/leftovers.py).
+/// `ebs-csi-test-` and the run's mark (`EBS_CSI_TEST_RUN`, six hex digits,
+/// which make test exports) where there is one, so that what one run left
+/// behind is told from what another beside it has (tests/leftovers.py). Four
+/// random characters follow: a unix socket's path has at most 107 bytes
+/// (`sun_path`, `<sys/un.h>`), and Nomad's plugin socket beneath a sandbox
+/// (`nomad/data/client/csi/plugins/<allocation id>/csi.sock`) takes 76 of them.
 pub fn sandbox_prefix() -> String {
-    match std::env::var("EBS_CSI_TEST_RUN") {
-        Ok(mark) => format!("ebs-csi-test-{mark}-"),
-        Err(_) => "ebs-csi-test-".to_owned(),
-    }
+    format!("ebs-csi-test-{}", std::env::var("EBS_CSI_TEST_RUN").unwrap_or_default())
 }
 
 impl Sandbox {
@@ -148,6 +148,7 @@ impl Sandbox {
     pub fn new() -> Self {
         let dir = tempfile::Builder::new()
             .prefix(&sandbox_prefix())
+            .rand_bytes(4)
             .tempdir()
             .expect("tempdir");
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
