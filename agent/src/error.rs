@@ -79,6 +79,7 @@ fn helper_code(error: &HelperError) -> Code {
         | HelperError::StatisticsUnavailable { .. }
         | HelperError::UnsupportedVersion(_) => Code::FailedPrecondition,
         HelperError::Busy => Code::Unavailable,
+        HelperError::MountLimit { .. } => Code::ResourceExhausted,
         HelperError::InProgress { .. } => Code::Aborted,
         HelperError::ToolFailed { .. } | HelperError::System { .. } => Code::Internal,
     }
@@ -159,6 +160,10 @@ mod tests {
                 Code::FailedPrecondition,
             ),
             (ClientError::Helper(HelperError::Busy).into(), Code::Unavailable),
+            (
+                ClientError::Helper(HelperError::MountLimit { limit: 1 }).into(),
+                Code::ResourceExhausted,
+            ),
             (
                 ClientError::Helper(HelperError::InProgress { device: s() }).into(),
                 Code::Aborted,

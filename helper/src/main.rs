@@ -89,6 +89,11 @@ struct Args {
     /// default; systemd's TimeoutStopSec).
     #[arg(long, default_value_t = 25)]
     stop_timeout_seconds: u64,
+    /// Mount points beneath the allowed roots that may hold volumes (this
+    /// driver's and other CSI drivers' staging and target paths); a Stage
+    /// or Publish that would mount past it is refused (RESOURCE_EXHAUSTED).
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    max_mounts: u32,
     /// Refuse to start where the kernel does not enforce Landlock (not
     /// built in, or not in `lsm=`), instead of starting with a warning:
     /// without it a tool (blkid, mkfs) may open any file root owns.
@@ -164,14 +169,14 @@ fn main() -> anyhow::Result<()> {
         tracing::warn!(vendor_id = policy.nvme_vendor_id, model = %policy.nvme_model, "test mode: accepting NVMe controllers that are not EBS volumes");
     }
     let kernel = Linux::new(mounts, policy, tools, formatter, grower);
-    let handler = Arc::new(Handler::new(roots, Box::new(kernel)));
+    let handler = Arc::new(Handler::new(roots, args.max_mounts, Box::new(kernel)));
     let config = ServerConfig {
         allowed_uids: args.allowed_uids,
         max_connections: args.max_connections,
         io_timeout: Duration::from_secs(args.io_timeout_seconds),
         stop_timeout: Duration::from_secs(args.stop_timeout_seconds),
     };
-    tracing::info!(socket = %args.socket.display(), allowed_uids = ?config.allowed_uids, allowed_roots = ?args.allowed_roots, allowed_layout = ?args.allowed_layout, allow_loop_devices = args.allow_loop_devices, max_parallel_formats = args.max_parallel_formats, "serving");
+    tracing::info!(socket = %args.socket.display(), allowed_uids = ?config.allowed_uids, allowed_roots = ?args.allowed_roots, allowed_layout = ?args.allowed_layout, allow_loop_devices = args.allow_loop_devices, max_parallel_formats = args.max_parallel_formats, max_mounts = args.max_mounts, "serving");
     // 8. Serve until SIGTERM or SIGINT, then let requests in flight finish.
     let stopping = Arc::new(AtomicBool::new(false));
     stop_signals

@@ -691,6 +691,36 @@ fn neither_staged_nor_published_raw(sandbox: &Sandbox, helper: &Helper, disk: &L
     assert!(!is_mounted(&staging) && !target.exists());
 }
 
+/// Third audit A3 (E-M): the helper makes no mount past `--max-mounts`. With
+/// the volume staged and published to one pod (two mount points of
+/// volumes' shapes, the limit), a Publish to another pod is refused with
+/// the limit, making neither its target nor a mount; the repeated Publish
+/// of the first pod is still answered.
+#[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
+fn no_mount_is_made_past_the_mount_limit() {
+    require_root();
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &["--max-mounts", "2"]);
+    let volume = LoopVolume::create(sandbox.path(), A, 64);
+    let staging = sandbox.staging(A);
+    assert_eq!(helper.call(stage(A, &volume.device, &staging)).unwrap(), Reply::Done);
+    let first = sandbox.target("a", "pv-a", A);
+    let publish_first = publish_staged(A, &volume.device, &staging, &first);
+    assert_eq!(helper.call(publish_first.clone()).unwrap(), Reply::Done);
+    let second = sandbox.target("b", "pv-a", A);
+    let mounts = sandbox.mounts();
+    expect_refused(
+        &helper,
+        publish_staged(A, &volume.device, &staging, &second),
+        &HelperError::MountLimit { limit: 2 },
+    );
+    assert!(!second.exists());
+    assert_eq!(sandbox.mounts(), mounts);
+    assert_eq!(helper.call(publish_first).unwrap(), Reply::Done);
+    assert_eq!(helper.call(unpublish(&first)).unwrap(), Reply::Done);
+}
+
 /// T9, with a stopped tool standing in for a hung one: a tool still
 /// running at `--tool-timeout-seconds` is killed, the request fails with
 /// `ToolFailed`, nothing is mounted, and the next request works.

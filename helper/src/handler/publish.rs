@@ -38,8 +38,8 @@ impl Source {
 
 impl Handler {
     /// Publish: the source proved; the target resolved and proved the
-    /// volume's (kubelet's record beside it), its parents created where
-    /// the layout says so; an identical existing mount accepted, else the target
+    /// volume's (kubelet's record beside it); the mount limit; its parents
+    /// created where the layout says so; an identical existing mount accepted, else the target
     /// checked or created, the source bind-mounted onto it. A refusal after
     /// the target was created removes it again.
     pub(super) fn publish(&self, r: &PublishRequest) -> Result<Reply, HelperError> {
@@ -75,6 +75,7 @@ impl Handler {
         {
             return Err(PathRefusal::OtherVolumesTarget.of(&r.target_path));
         }
+        self.refuse_at_mount_limit(&mounts, &target)?;
         let parent = target.open_parent(target.creates_parents())?;
         if let Some(existing) = open_target(&parent, &target)? {
             let node = self.kernel.inspect(existing.as_fd())?;

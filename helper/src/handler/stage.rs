@@ -44,6 +44,7 @@ impl Handler {
         let Some(dir) = vacant(&staging, dir, &node, &device, &mounts)? else {
             return Ok(Reply::Done);
         };
+        self.refuse_at_mount_limit(&mounts, &staging)?;
         // 7. What the device holds decides.
         match self.kernel.probe(&device)? {
             Contents::Filesystem(found) if found == r.fs_type.name() => {
@@ -75,6 +76,7 @@ impl Handler {
         let Some(dir) = vacant(&staging, dir, &node, &device, &mounts)? else {
             return Ok(Reply::Done);
         };
+        self.refuse_at_mount_limit(&mounts, &staging)?;
         self.mount_staged(r, &options, &staging, dir, &device, Grow::No)
     }
 

@@ -74,6 +74,15 @@ pub enum HelperError {
     /// The helper is at its concurrency limit; try again.
     #[error("the helper is busy; try again")]
     Busy,
+    /// A Stage or Publish would make a mount, and `limit` mount points
+    /// beneath the allowed roots already hold volumes (the helper's
+    /// `--max-mounts`; third audit A3). Newer than protocol version 5: an
+    /// agent of version 5 or older reads this answer as malformed.
+    #[error("{limit} mount points beneath the allowed roots hold volumes already, the helper's limit (--max-mounts)")]
+    MountLimit {
+        /// The limit.
+        limit: u32,
+    },
     /// Another request is formatting this device right now; try again.
     #[error("device {device} is being formatted by another request; try again")]
     InProgress {

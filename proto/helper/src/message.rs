@@ -21,6 +21,9 @@ use crate::{FormatOptions, HelperError, VolumeId};
 /// frames are all known to a newer helper, and a newer agent's frames are
 /// known to an older helper except for requests added since, which it
 /// answers with [`HelperError::UnsupportedVersion`] naming the version.
+/// An error added for an existing request
+/// ([`HelperError::MountLimit`]) reaches an older agent as an answer it
+/// cannot decode (`docs/helper.md`, "Protocol versions").
 pub const PROTOCOL_VERSION: u16 = 5;
 
 /// The oldest frame version the helper serves: version 3, the first under

@@ -46,6 +46,8 @@ const OTHER_DEVICE: &str = "/dev/nvme2n1";
 const OTHER_VOLUME: &str = "vol-0fedcba9876543210";
 /// Its size, in bytes.
 const SIZE: u64 = 1 << 30;
+/// The helper's `--max-mounts` by default.
+const MAX_MOUNTS: u32 = 4096;
 
 /// A kubelet directory beneath a temporary directory, a helper serving it
 /// over the fake, and the volume's device, blank.
@@ -60,7 +62,13 @@ impl World {
     /// The world in kubelet's layout, with what kubelet makes before it
     /// asks to stage or publish.
     fn new() -> Self {
-        let world = Self::with_layout(Layout::Kubelet);
+        Self::limited(MAX_MOUNTS)
+    }
+
+    /// [`World::new`] with a helper that makes no mount once `max_mounts`
+    /// mount points hold volumes.
+    fn limited(max_mounts: u32) -> Self {
+        let world = Self::empty(Layout::Kubelet, max_mounts);
         // What kubelet makes before it asks to stage or publish: the
         // staging directory, the targets' parents, its record of the volume
         // beside each (`crate::record`).
@@ -81,6 +89,10 @@ impl World {
 
     /// An empty root directory of `layout`'s paths.
     fn with_layout(layout: Layout) -> Self {
+        Self::empty(layout, MAX_MOUNTS)
+    }
+
+    fn empty(layout: Layout, max_mounts: u32) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().canonicalize().unwrap().join("kubelet");
         std::fs::create_dir(&root).unwrap();
@@ -94,7 +106,7 @@ impl World {
             Contents::Blank,
         );
         let roots = AllowedRoots::open(std::slice::from_ref(&root), layout).unwrap();
-        let handler = Handler::new(roots, Box::new(Arc::clone(&fake)));
+        let handler = Handler::new(roots, max_mounts, Box::new(Arc::clone(&fake)));
         Self {
             _dir: dir,
             root,

@@ -274,3 +274,23 @@ fn a_block_target_that_is_a_mount_of_anything_but_the_device_node_is_refused() {
     };
     world.refused(Request::Publish(world.block_publish_request()), &expected);
 }
+
+/// Third audit A3: once as many mount points hold volumes as the limit, a
+/// Publish onto a new target (a directory or a raw block file) is refused
+/// before anything is made; a repeated Stage of the mounted volume is
+/// still answered.
+#[test]
+fn no_target_is_made_past_the_mount_limit() {
+    let world = World::limited(1);
+    assert_eq!(world.handle(Request::Stage(world.stage_request())), Ok(Reply::Done));
+    world.fake.forget();
+    let expected = HelperError::MountLimit { limit: 1 };
+    world.refused(Request::Publish(world.publish_request(false)), &expected);
+    assert_eq!(world.handle(Request::Stage(world.stage_request())), Ok(Reply::Done));
+    assert_eq!(world.fake.actions(), []);
+    // A raw block volume (not staged), the one mount point another pod's.
+    let world = World::limited(1);
+    std::fs::create_dir(world.target()).unwrap();
+    world.fake.mount_foreign(world.target().as_ref(), "tmpfs", (0, 99));
+    world.refused(Request::Publish(world.block_publish_request()), &expected);
+}

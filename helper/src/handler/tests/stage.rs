@@ -284,6 +284,30 @@ fn what_changed_during_the_format_is_proved_again_before_the_mount() {
     assert_eq!(world.fake.mounted(), []);
 }
 
+/// Third audit A3: once as many mount points hold volumes as the limit (a
+/// pod's target here), a Stage is refused before the device is probed or
+/// formatted, and after a format when the limit was reached meanwhile.
+#[test]
+fn no_staging_mount_is_made_past_the_mount_limit() {
+    let expected = HelperError::MountLimit { limit: 1 };
+    let world = World::limited(1);
+    std::fs::create_dir(world.target()).unwrap();
+    world.fake.mount_foreign(world.target().as_ref(), "tmpfs", (0, 99));
+    world.refused(stage(&world), &expected);
+    let world = World::limited(1);
+    let target = world.target();
+    std::fs::create_dir(&target).unwrap();
+    world.fake.before(Step::Format, 0, move |fake| {
+        fake.mount_foreign(target.as_ref(), "tmpfs", (0, 99))
+    });
+    assert_eq!(world.handle(stage(&world)), Err(expected));
+    let formatted = Action::Format {
+        device: DEVICE.into(),
+        fs: FsType::Ext4,
+    };
+    assert_eq!(world.fake.actions(), [formatted]);
+}
+
 #[test]
 fn a_new_mount_is_checked_before_it_is_attached() {
     let world = World::new();
