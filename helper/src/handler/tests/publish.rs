@@ -1,7 +1,7 @@
 //! Publish over the fake: a staged filesystem or a raw block device, each
 //! branch of `handler/publish.rs` in its order.
 
-use ebs_csi_helper_proto::{HelperError, PublishSource, Reply, Request};
+use ebs_csi_helper_proto::{HelperError, PublishRequest, PublishSource, Reply, Request};
 use rustix::fs::FileType;
 use rustix::mount::MountFlags;
 
@@ -277,20 +277,29 @@ fn a_block_target_that_is_a_mount_of_anything_but_the_device_node_is_refused() {
 
 /// Third audit A3: once as many mount points hold volumes as the limit, a
 /// Publish onto a new target (a directory or a raw block file) is refused
-/// before anything is made; a repeated Stage of the mounted volume is
-/// still answered.
+/// before anything is made; a repeated Publish or Stage is still answered.
 #[test]
 fn no_target_is_made_past_the_mount_limit() {
-    let world = World::limited(1);
+    let world = World::limited(2);
     assert_eq!(world.handle(Request::Stage(world.stage_request())), Ok(Reply::Done));
+    let publish = Request::Publish(world.publish_request(false));
+    assert_eq!(world.handle(publish.clone()), Ok(Reply::Done));
     world.fake.forget();
-    let expected = HelperError::MountLimit { limit: 1 };
-    world.refused(Request::Publish(world.publish_request(false)), &expected);
+    assert_eq!(world.handle(publish), Ok(Reply::Done));
     assert_eq!(world.handle(Request::Stage(world.stage_request())), Ok(Reply::Done));
     assert_eq!(world.fake.actions(), []);
+    let pv = "pods/pod-2/volumes/kubernetes.io~csi/pv-1";
+    world.write_record(pv, "ebs.csi.aws.com", super::VOLUME);
+    let other_pod = PublishRequest {
+        target_path: world.path(&format!("{pv}/mount")),
+        ..world.publish_request(false)
+    };
+    let expected = HelperError::MountLimit { limit: 2 };
+    world.refused(Request::Publish(other_pod), &expected);
     // A raw block volume (not staged), the one mount point another pod's.
     let world = World::limited(1);
     std::fs::create_dir(world.target()).unwrap();
     world.fake.mount_foreign(world.target().as_ref(), "tmpfs", (0, 99));
+    let expected = HelperError::MountLimit { limit: 1 };
     world.refused(Request::Publish(world.block_publish_request()), &expected);
 }
