@@ -162,9 +162,23 @@ mod tests {
             // G4ad: missing from moto's capture (agent/data/generate.py).
             ("g4ad.xlarge", 1, 1, 24),
             ("g4ad.16xlarge", 2, 1, 19),
-            // Metal types the API calls shared, dedicated in fact.
+            // Metal types the API calls shared, dedicated in fact
+            // (agent/data/generate.py): the first the Go driver listed,
+            // then one of each 8th- and 9th-generation family it added
+            // by v1.64.0 (interfaces take no slot).
             ("i7i.metal-48xl", 4, 1, 78),
             ("x8i.metal-96xl", 1, 1, 78),
+            ("c8id.metal-96xl", 4, 1, 78),
+            ("c8ib.metal-48xl", 2, 1, 63),
+            ("m8in.metal-96xl", 2, 1, 77),
+            ("m8idb.metal-48xl", 2, 1, 63),
+            ("m8gn.metal-24xl", 2, 1, 38),
+            ("r8idn.metal-96xl", 2, 1, 77),
+            ("i8g.metal-48xl", 2, 1, 78),
+            ("c9gd.metal-48xl", 2, 1, 78),
+            ("m9g.metal-48xl", 2, 1, 78),
+            // Not in the Go driver's list: the API's shared limit.
+            ("r9g.metal-48xl", 2, 1, 77),
             ("z9.unknown", 1, 1, 26),
             ("z9.unknown", 2, 1, 25),
             ("m5.large", 40, 1, 1),
