@@ -76,7 +76,7 @@ DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
 .PHONY: all build test test-steps test-downloads test-build test-run test-background test-cold test-deps \
-	build-copy-test repro-static package-tools docs-tools prebuilt-tools coverage-build fuzz-build vm-images demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
+	build-copy-test repro-static package-tools docs-tools prebuilt-tools go-tools coverage-build fuzz-build vm-images demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
 	install install-files static image image-deps validate-deploy vm vm-deps repro-check docs \
 	deb rpm packages package-deps
 
@@ -146,6 +146,16 @@ vm-deps:
 image-deps:
 	$(call apt_install,$(IMAGE_PACKAGES))
 
+## go-tools: the tests' Go programs (tests/go, its go.mod and go.sum: a
+## current grpc-go client), built from the Go module proxy's modules with
+## the machine's Go (1.26; DESIGN.md §11) into <target dir>/go/bin, the
+## modules and the build cache beside them, outside the clone: a warm run
+## builds nothing.
+GO_DIR := $(abspath $(TARGET_DIR))/go
+go-tools:
+	cd tests/go && GOMODCACHE=$(GO_DIR)/mod GOCACHE=$(GO_DIR)/build GOTOOLCHAIN=local GOFLAGS=-mod=readonly \
+	  go build -o $(GO_DIR)/bin/ ./...
+
 ## moto: moto, the validators and grpcio in a virtual environment made
 ## once per spec and Python outside the clone (beside the cargo cache, a
 ## directory named by their hash); .venv (git-ignored) links to it, so a
@@ -211,7 +221,7 @@ endef
 
 # What the tests download, one after another in one of make's slots.
 test-downloads:
-	$(MAKE) --no-print-directory -j1 vm-images moto prebuilt-tools
+	$(MAKE) --no-print-directory -j1 vm-images moto prebuilt-tools go-tools
 
 # The debug build of the workspace and of its tests, and the previous helper.
 test-build:

@@ -1,9 +1,11 @@
 //! gRPC clients other than tonic, over both CSI unix sockets: grpcio
 //! (gRPC C-core, PyPI) with its default options, which send the
 //! percent-encoded socket path as `:authority`, and with the bare path (as
-//! grpc-java sends it); and grpc-go 1.33 (Debian bookworm) dialing the bare
-//! path the way kubelet before 1.26 registers a plugin and calls it. h2
-//! alone resets all of these with PROTOCOL_ERROR.
+//! grpc-java sends it); grpc-go 1.33 (Debian bookworm) dialing the bare
+//! path the way kubelet before 1.26 registers a plugin and calls it; and a
+//! current grpc-go (tests/go/go.mod) dialing a `unix://` target as the CSI
+//! sidecars do, with `localhost` as `:authority`. h2 alone resets the
+//! path authorities with PROTOCOL_ERROR.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -68,6 +70,27 @@ fn kubelet_dial() -> &'static Path {
     })
 }
 
+/// tests/go's grpc-dial (a current grpc-go), built by `make go-tools` into
+/// `<target dir>/go/bin`.
+fn sidecar_dial() -> PathBuf {
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap();
+    let binary = target.join("go/bin/grpc-dial");
+    assert!(
+        binary.exists(),
+        "{} is not built: run `make go-tools`",
+        binary.display()
+    );
+    binary
+}
+
+/// Calls `method` with a current grpc-go, as the CSI sidecars dial.
+fn grpc_go_current(socket: &Path, method: &str) -> Vec<u8> {
+    response(
+        Command::new(sidecar_dial()).arg(socket).arg(method).output().unwrap(),
+        "grpc-go, current",
+    )
+}
+
 /// Calls `method` with grpc-go, dialing the bare socket path.
 fn grpc_go(socket: &Path, method: &str) -> Vec<u8> {
     response(
@@ -83,6 +106,7 @@ fn every_client(socket: &Path, method: &str) -> Vec<(&'static str, Vec<u8>)> {
         ("grpcio defaults", grpcio(socket, method, None)),
         ("grpcio, bare path", grpcio(socket, method, Some(bare))),
         ("grpc-go 1.33, bare path", grpc_go(socket, method)),
+        ("grpc-go of tests/go, unix:// target", grpc_go_current(socket, method)),
     ]
 }
 
@@ -104,7 +128,7 @@ fn the_node_socket_serves_every_client() {
     let log = agent.process.log();
     let warnings: Vec<_> = log.lines().filter(|l| l.contains("serving it as localhost")).collect();
     let socket = agent.socket.display().to_string();
-    // Six connections, four with a path for authority: one warning (kubelet
+    // Eight connections, four with a path for authority: one warning (kubelet
     // opens a connection per call; the rest are counted in /metrics), with
     // the peer and the first one's authority, grpcio's percent-encoded path.
     assert_eq!(warnings.len(), 1, "{log}");
