@@ -13,7 +13,8 @@ export CARGO_BUILD_JOBS ?= 2
 MOTO_SPEC := moto[ec2,server]>=5.1,<6
 VALIDATE_SPEC := kubernetes-validate>=1.37,<2 python-hcl2>=8,<9 pyyaml>=6,<7
 # gRPC clients of other stacks for tests/tests/grpc_clients.rs: grpcio here,
-# grpc-go (bookworm's 1.33, as old kubelets have) from APT_PACKAGES.
+# grpc-go (bookworm's 1.33, as old kubelets have) from APT_PACKAGES, and a
+# current grpc-go from tests/go (both built by go-tools).
 GRPC_CLIENT_SPEC := grpcio>=1.60,<2
 # Plots of make bench (tests/bench/plot.py).
 PLOT_SPEC := matplotlib>=3.10,<4
@@ -146,15 +147,18 @@ vm-deps:
 image-deps:
 	$(call apt_install,$(IMAGE_PACKAGES))
 
-## go-tools: the tests' Go programs (tests/go, its go.mod and go.sum: a
-## current grpc-go client), built from the Go module proxy's modules with
-## the machine's Go (1.26; DESIGN.md §11) into <target dir>/go/bin, the
-## modules and the build cache beside them, outside the clone: a warm run
-## builds nothing.
+## go-tools: the tests' Go programs, built with the machine's Go (1.26;
+## DESIGN.md §11) into <target dir>/go/bin, the build cache beside them,
+## outside the clone (a warm run builds nothing): tests/go's (its go.mod and
+## go.sum: a current grpc-go client), from the Go module proxy's modules,
+## cached there too; and tests/grpc-go's kubelet-dial, against Debian's
+## grpc-go 1.33 (golang-google-grpc-dev, in GOPATH mode).
 GO_DIR := $(abspath $(TARGET_DIR))/go
-go-tools:
+go-tools: deps
 	cd tests/go && GOMODCACHE=$(GO_DIR)/mod GOCACHE=$(GO_DIR)/build GOTOOLCHAIN=local GOFLAGS=-mod=readonly \
 	  go build -o $(GO_DIR)/bin/ ./...
+	GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE=$(GO_DIR)/build \
+	  go build -o $(GO_DIR)/bin/kubelet-dial tests/grpc-go/main.go
 
 ## moto: moto, the validators and grpcio in a virtual environment made
 ## once per spec and Python outside the clone (beside the cargo cache, a

@@ -14,7 +14,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 use ebs_csi_proto::v1::{GetPluginInfoResponse, NodeGetInfoResponse};
 use ebs_csi_tests::moto::Controller;
@@ -51,30 +50,10 @@ fn grpcio(socket: &Path, method: &str, authority: Option<&str>) -> Vec<u8> {
     response(command.output().unwrap(), &format!("grpcio, authority {authority:?}"))
 }
 
-/// tests/grpc-go built once per test run against Debian's grpc-go (`make
-/// test` installs golang-go and golang-google-grpc-dev).
-fn kubelet_dial() -> &'static Path {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        let binary = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kubelet-dial");
-        let build = Command::new("go")
-            .args(["build", "-o"])
-            .arg(&binary)
-            .arg(repository().join("tests/grpc-go/main.go"))
-            .env("GO111MODULE", "off")
-            .env("GOPATH", "/usr/share/gocode")
-            .output()
-            .expect("go: run `make test` (it installs golang-go)");
-        assert!(build.status.success(), "{}", String::from_utf8_lossy(&build.stderr));
-        binary
-    })
-}
-
-/// tests/go's grpc-dial (a current grpc-go), built by `make go-tools` into
-/// `<target dir>/go/bin`.
-fn sidecar_dial() -> PathBuf {
+/// The Go program `name` of `make go-tools`, in `<target dir>/go/bin`.
+fn go_tool(name: &str) -> PathBuf {
     let target = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap();
-    let binary = target.join("go/bin/grpc-dial");
+    let binary = target.join("go/bin").join(name);
     assert!(
         binary.exists(),
         "{} is not built: run `make go-tools`",
@@ -83,10 +62,15 @@ fn sidecar_dial() -> PathBuf {
     binary
 }
 
-/// Calls `method` with a current grpc-go, as the CSI sidecars dial.
+/// Calls `method` with a current grpc-go (tests/go), as the CSI sidecars
+/// dial.
 fn grpc_go_current(socket: &Path, method: &str) -> Vec<u8> {
     response(
-        Command::new(sidecar_dial()).arg(socket).arg(method).output().unwrap(),
+        Command::new(go_tool("grpc-dial"))
+            .arg(socket)
+            .arg(method)
+            .output()
+            .unwrap(),
         "grpc-go, current",
     )
 }
@@ -94,7 +78,11 @@ fn grpc_go_current(socket: &Path, method: &str) -> Vec<u8> {
 /// Calls `method` with grpc-go, dialing the bare socket path.
 fn grpc_go(socket: &Path, method: &str) -> Vec<u8> {
     response(
-        Command::new(kubelet_dial()).arg(socket).arg(method).output().unwrap(),
+        Command::new(go_tool("kubelet-dial"))
+            .arg(socket)
+            .arg(method)
+            .output()
+            .unwrap(),
         "grpc-go",
     )
 }
