@@ -117,11 +117,14 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
         "team=storage",
         "--http-endpoint",
         "127.0.0.1:0",
-        // klog's flags, which the Go driver's manifests pass.
+        // klog's flags and options of the Go driver its manifests and
+        // chart pass, which mean nothing here.
         "--logtostderr",
         "--v=2",
         "--log_file_max_size",
         "1800",
+        "--warn-on-invalid-tag",
+        "--enable-otel-tracing=true",
     ])
     .await;
     let metrics_address = metrics_address(&controller);
@@ -168,7 +171,12 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
     };
     assert_eq!((lines("INFO"), lines("WARN")), (2, 1), "{log}");
     assert!(log.contains("code=AlreadyExists"), "{log}");
-    for flag in ["--logtostderr=true", "--log_file_max_size=1800"] {
+    for flag in [
+        "--logtostderr=true",
+        "--log_file_max_size=1800",
+        "--warn-on-invalid-tag=true",
+        "--enable-otel-tracing=true",
+    ] {
         assert!(
             log.lines()
                 .any(|l| l.contains("WARN") && l.contains(&format!(r#"flag="{flag}""#))),

@@ -755,6 +755,8 @@ async fn volumes_that_cannot_exist_are_not_found() {
                 "--logtostderr",
                 "--kubeconfig",
                 "/root/.kube/config",
+                "--csi-mount-point-prefix",
+                "/var/lib/kubelet",
                 "--v=4",
             ],
         ]
@@ -785,7 +787,11 @@ async fn volumes_that_cannot_exist_are_not_found() {
         object["fields"]["latency_ms"].is_f64(),
         "the latency is not a number: {line}"
     );
-    for flag in ["--logtostderr=true", "--kubeconfig=/root/.kube/config"] {
+    for flag in [
+        "--logtostderr=true",
+        "--kubeconfig=/root/.kube/config",
+        "--csi-mount-point-prefix=/var/lib/kubelet",
+    ] {
         assert!(
             log.lines()
                 .any(|l| l.contains(r#""level":"WARN""#) && l.contains(&format!(r#""flag":"{flag}""#))),

@@ -1,32 +1,49 @@
 //! Flags the Go driver's manifests and Helm chart still pass that mean
 //! nothing here: klog's (k8s.io/klog/v2 `InitFlags`), Kubernetes
-//! component-base's logging flags besides `--logging-format` and `-v`, and
-//! `--kubeconfig`. A cluster switching drivers keeps its manifests: each is
-//! accepted, hidden from `--help`, and named in a warning at start, never
-//! a start-up failure.
+//! component-base's logging flags besides `--logging-format` and `-v`,
+//! `--kubeconfig`, and three of the Go driver's own options (`--warn-on-
+//! invalid-tag`, `--csi-mount-point-prefix`, `--enable-otel-tracing`,
+//! `pkg/driver/options.go`). A cluster switching drivers keeps its
+//! manifests: each is accepted, hidden from `--help`, and named in a warning
+//! at start with why it has no effect here, never a start-up failure.
 
 use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
 
 /// One ignored flag: its name, the other spelling Go's flag parsing
-/// (klog's underscores) or pflag's (dashes) accepts, and whether it takes
-/// a value (else it is a boolean: `--flag` or `--flag=false`).
+/// (klog's underscores) or pflag's (dashes) accepts, whether it takes a
+/// value (else it is a boolean: `--flag` or `--flag=false`), and why it has
+/// no effect here.
 struct Ignored {
     name: &'static str,
     alias: Option<&'static str>,
     takes_value: bool,
+    why: &'static str,
 }
+
+/// Why klog's and component-base's flags have no effect.
+const LOGGING: &str = "logging is --logging-format and -v";
 
 const fn flag(name: &'static str, alias: Option<&'static str>, takes_value: bool) -> Ignored {
     Ignored {
         name,
         alias,
         takes_value,
+        why: LOGGING,
+    }
+}
+
+const fn option(name: &'static str, takes_value: bool, why: &'static str) -> Ignored {
+    Ignored {
+        name,
+        alias: None,
+        takes_value,
+        why,
     }
 }
 
 /// klog v2's flags (`klog.InitFlags`), component-base's logging options
-/// (`k8s.io/component-base/logs/api/v1`), and the Go driver's
-/// `--kubeconfig` (its out-of-cluster Kubernetes client).
+/// (`k8s.io/component-base/logs/api/v1`), and the Go driver's options
+/// without an effect here.
 const IGNORED: &[Ignored] = &[
     flag("logtostderr", None, false),
     flag("alsologtostderr", None, false),
@@ -45,23 +62,43 @@ const IGNORED: &[Ignored] = &[
     flag("log-json-info-buffer-size", None, true),
     flag("log-text-split-stream", None, false),
     flag("log-text-info-buffer-size", None, true),
-    flag("kubeconfig", None, true),
+    option(
+        "kubeconfig",
+        true,
+        "the Kubernetes client is the pod's own (its service account), in a cluster only",
+    ),
+    option(
+        "warn-on-invalid-tag",
+        false,
+        "an invalid tag is refused (INVALID_ARGUMENT) whatever it says",
+    ),
+    option(
+        "csi-mount-point-prefix",
+        true,
+        "the NVMe statistics cover every EBS volume the helper proves, whatever its mount point",
+    ),
+    option(
+        "enable-otel-tracing",
+        false,
+        "OpenTelemetry tracing is not built in: no spans are exported",
+    ),
 ];
 
-/// The ignored flags a command line gave, as `--name=value`.
+/// The ignored flags a command line gave, as `--name=value`, each with
+/// why it has no effect.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GoDriverFlags {
-    given: Vec<String>,
+    given: Vec<(String, &'static str)>,
 }
 
 impl GoDriverFlags {
     /// Logs a warning naming each ignored flag given (call once logging is
     /// set up).
     pub fn warn(&self) {
-        for flag in &self.given {
+        for (flag, why) in &self.given {
             tracing::warn!(
                 flag,
-                "a flag of the Go driver that means nothing here is ignored (logging is --logging-format and -v)"
+                "a flag of the Go driver that means nothing here is ignored: {why}"
             );
         }
     }
@@ -77,7 +114,7 @@ impl FromArgMatches for GoDriverFlags {
     fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
         for ignored in IGNORED {
             if let Some(value) = matches.get_one::<String>(ignored.name) {
-                self.given.push(format!("--{}={value}", ignored.name));
+                self.given.push((format!("--{}={value}", ignored.name), ignored.why));
             }
         }
         Ok(())
@@ -135,19 +172,28 @@ mod tests {
             "--kubeconfig",
             "/root/.kube/config",
             "--stderrthreshold=2",
+            "--warn-on-invalid-tag",
+            "--csi-mount-point-prefix=/var/lib/kubelet/pods",
+            "--enable-otel-tracing=true",
         ])
         .unwrap();
         assert_eq!(cli.v, 5);
+        let given: Vec<&str> = cli.go.given.iter().map(|(flag, _)| flag.as_str()).collect();
         assert_eq!(
-            cli.go.given,
+            given,
             [
                 "--logtostderr=true",
                 "--skip_headers=false",
                 "--log_dir=/var/log",
                 "--stderrthreshold=2",
                 "--kubeconfig=/root/.kube/config",
+                "--warn-on-invalid-tag=true",
+                "--csi-mount-point-prefix=/var/lib/kubelet/pods",
+                "--enable-otel-tracing=true",
             ]
         );
+        assert_eq!(cli.go.given[0].1, LOGGING);
+        assert!(cli.go.given[7].1.contains("OpenTelemetry"));
     }
 
     #[test]
