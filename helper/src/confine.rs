@@ -1,9 +1,10 @@
 //! What each tool may open: a Landlock ruleset per exec (landlock(7)).
 //!
-//! A tool runs as uid 0, and a capability-less uid 0 is still root for file
-//! ownership: without a ruleset a tool taken over through a hostile image
-//! could rewrite `/etc/passwd` or a binary, or open another disk read-write
-//! (the re-audit's N3). Under its ruleset a tool may read and execute the
+//! A tool runs as a uid of its own but holds `CAP_DAC_READ_SEARCH` (blkid)
+//! or `CAP_DAC_OVERRIDE` (mkfs) to open its root-owned device node: without
+//! a ruleset a tool taken over through a hostile image could read
+//! `/etc/shadow`, rewrite `/etc/passwd` or a binary, or open another disk
+//! (the re-audit's N3, the third audit's A1). Under its ruleset a tool may read and execute the
 //! system's programs and libraries, read the few files of `/etc` the tools
 //! read (the dynamic loader's, `mke2fs.conf`, XFS's project files: nothing
 //! else of `/etc`, so not `/etc/shadow`, third audit A1), read `/proc` and

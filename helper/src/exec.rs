@@ -6,9 +6,9 @@
 //! verified device, which the tool finds as fd 3 and names
 //! [`DEVICE_ARG`]: a tool never resolves a name the agent sent. Right
 //! before the exec the device is verified again
-//! ([`VerifiedDevice::reverify`]). Each tool runs with only the capability
-//! it needs ([`Tool::capabilities`]: none for blkid and mkfs.ext*), a
-//! Landlock ruleset that lets it open only the system's files and the
+//! ([`VerifiedDevice::reverify`]). Each tool runs as a uid and gid of its
+//! own, never root ([`ToolIds`]), with only the capabilities it needs
+//! ([`Tool::capabilities`]), a Landlock ruleset that lets it open only the system's files and the
 //! object it acts on ([`crate::confine`]) and the policy's `tools` seccomp
 //! denylist, in its own process group, with a time limit; when it exits,
 //! or on expiry, the whole group is killed. The agent is told no more of
@@ -88,19 +88,30 @@ impl Tool {
         }
     }
 
-    /// The capabilities the tool runs with, as a mask of capability bits:
-    /// `xfs_growfs` needs `CAP_SYS_ADMIN` (XFS_IOC_FSGROWFSDATA), and so
-    /// does `mkfs.xfs`, which sets the device's block size (`BLKBSZSET`,
-    /// block/ioctl.c `blkdev_bszset`); `xfs_growfs` opens the mounted
-    /// filesystem's root, whatever its mode, with `CAP_DAC_READ_SEARCH`;
-    /// `blkid` and `mkfs.ext*` read and write a device the helper opened
-    /// for them, and need none. (ext filesystems grow without a tool, see
+    /// The capabilities the tool runs with, as a mask of capability bits,
+    /// each measured (a tool run as uid 991 on a loop device, Debian 12):
+    /// a tool opens its device again through [`DEVICE_ARG`], and a device
+    /// node is root's, mode 0600 or 0660 for the `disk` group
+    /// (devtmpfs, udev's `50-udev-default.rules`), so `blkid` reads it with
+    /// `CAP_DAC_READ_SEARCH` and mkfs writes it with `CAP_DAC_OVERRIDE` —
+    /// either limited by the tool's Landlock ruleset to the device and the
+    /// system's files ([`crate::confine`]); `mkfs.xfs` also sets the
+    /// device's block size (`BLKBSZSET`, block/ioctl.c `blkdev_bszset`:
+    /// `CAP_SYS_ADMIN`), and `xfs_growfs` opens the mounted filesystem's
+    /// root, whatever its mode, and grows it (XFS_IOC_FSGROWFSDATA:
+    /// `CAP_SYS_ADMIN`). (ext filesystems grow without a tool, see
     /// [`crate::grow`].)
     pub fn capabilities(self) -> u64 {
+        let (read, write, admin) = (
+            Capability::CAP_DAC_READ_SEARCH.bitmask(),
+            Capability::CAP_DAC_OVERRIDE.bitmask(),
+            Capability::CAP_SYS_ADMIN.bitmask(),
+        );
         match self {
-            Self::Blkid | Self::MkfsExt2 | Self::MkfsExt3 | Self::MkfsExt4 => 0,
-            Self::XfsGrowfs => Capability::CAP_SYS_ADMIN.bitmask() | Capability::CAP_DAC_READ_SEARCH.bitmask(),
-            Self::MkfsXfs => Capability::CAP_SYS_ADMIN.bitmask(),
+            Self::Blkid => read,
+            Self::MkfsExt2 | Self::MkfsExt3 | Self::MkfsExt4 => write,
+            Self::MkfsXfs => admin | write,
+            Self::XfsGrowfs => admin | read,
         }
     }
 
@@ -116,6 +127,18 @@ impl Tool {
             .find(|p| Path::new(p).is_file())
             .ok_or_else(|| Operation::FindTool(self.file_name()).failed("not installed"))
     }
+}
+
+/// Who every tool runs as (`--tool-uid`, `--tool-gid`; third audit A1):
+/// not root, so that a tool taken over through a hostile image owns no
+/// root file and may signal, limit or trace no root process, and not the
+/// agent, whose process it could otherwise trace.
+#[derive(Clone, Copy, Debug)]
+pub struct ToolIds {
+    /// The uid; never 0 and never an `--allowed-uid`.
+    pub uid: u32,
+    /// The gid, the tool's only group.
+    pub gid: u32,
 }
 
 struct Job {
@@ -139,13 +162,19 @@ impl Executor {
     /// Starts `threads` executor threads named `name`; at most that many
     /// tools run at once, later jobs wait in the queue. A tool still
     /// running after `timeout` is killed with its process group. Each tool
-    /// installs `tool_filter` (the policy's `tools` denylist) before it
-    /// execs. Call it before installing the serving filter: the threads
+    /// runs as `ids` and installs `tool_filter` (the policy's `tools`
+    /// denylist) before it execs. Call it before installing the serving filter: the threads
     /// stay outside it, so the tools get the denylist instead.
     ///
     /// # Errors
     /// The error spawning a thread.
-    pub fn start(name: &str, threads: usize, timeout: Duration, tool_filter: Arc<BpfProgram>) -> io::Result<Self> {
+    pub fn start(
+        name: &str,
+        threads: usize,
+        timeout: Duration,
+        ids: ToolIds,
+        tool_filter: Arc<BpfProgram>,
+    ) -> io::Result<Self> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let queue = Arc::new(Mutex::new(queue));
         for _ in 0..threads.max(1) {
@@ -153,16 +182,16 @@ impl Executor {
             // A thread cannot give its child what it does not hold (some
             // sandboxes withhold capabilities even from root): each tool gets
             // what it needs of what this thread has. The thread itself uses
-            // only CAP_SYS_ADMIN (re-verification); CAP_DAC_READ_SEARCH stays
-            // permitted, effective only in the child that needs it
-            // (xfs_growfs).
-            harden::spawn_thread(name, &harden::TOOLS, &[harden::SERVING], move |held| {
+            // CAP_SYS_ADMIN (re-verification) and CAP_KILL (a tool's group,
+            // another uid's, is killed from here); the rest stays permitted,
+            // effective only in the child that needs it.
+            harden::spawn_thread(name, &harden::TOOLS, &harden::EXECUTING, move |held| {
                 loop {
                     // The guard is a temporary: the queue is locked only
                     // while taking the next job, not while running it.
                     let next = queue.lock().unwrap_or_else(PoisonError::into_inner).recv();
                     let Ok(job) = next else { break };
-                    let result = execute(&job, timeout, held, &filter);
+                    let result = execute(&job, timeout, ids, held, &filter);
                     // Closed before the answer: fd 3 may be a mount's root
                     // (xfs_growfs), and the caller may unmount next.
                     let Job { fd3, reply, .. } = job;
@@ -253,7 +282,13 @@ pub fn stderr_excerpt(stderr: &[u8]) -> String {
         .collect()
 }
 
-fn execute(job: &Job, timeout: Duration, held: u64, tool_filter: &Arc<BpfProgram>) -> Result<Output, HelperError> {
+fn execute(
+    job: &Job,
+    timeout: Duration,
+    ids: ToolIds,
+    held: u64,
+    tool_filter: &Arc<BpfProgram>,
+) -> Result<Output, HelperError> {
     job.device.reverify()?;
     let mut command = Command::new(&job.path);
     command
@@ -270,6 +305,7 @@ fn execute(job: &Job, timeout: Duration, held: u64, tool_filter: &Arc<BpfProgram
     sys::set_up_tool_child(
         &mut command,
         job.fd3.as_raw_fd(),
+        ids,
         job.tool.capabilities() & held,
         ruleset.as_ref().map(AsRawFd::as_raw_fd),
         Arc::clone(tool_filter),

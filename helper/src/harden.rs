@@ -13,22 +13,44 @@ use seccompiler::{BpfProgram, TargetArch, sock_filter};
 ///   `ext4_resize_begin` checks it);
 /// - `CAP_DAC_READ_SEARCH`: the growth of either filesystem opens its
 ///   mounted root directory, which its owner may have made unreadable to
-///   others.
+///   others, and `blkid` reads a root-owned device node as another uid;
+/// - `CAP_DAC_OVERRIDE`: mkfs writes one;
+/// - `CAP_SETUID`, `CAP_SETGID`: each tool runs as `--tool-uid` and
+///   `--tool-gid`, and `CAP_KILL`: its process group is killed when it ends
+///   ([`crate::exec`]).
 ///
 /// Each thread keeps what it uses ([`keep_only_serving`] runs on the
 /// serving thread after the others start): the serving threads
 /// [`SERVING`], the executor threads [`TOOLS`] (each tool child sets its
 /// own to what it needs before it execs, and `no_new_privs` keeps the exec
 /// from adding any), the grower thread [`GROWER`].
-pub const KEPT: [Capability; 3] = [
+pub const KEPT: [Capability; 7] = [
     Capability::CAP_SYS_ADMIN,
     Capability::CAP_SYS_RESOURCE,
     Capability::CAP_DAC_READ_SEARCH,
+    Capability::CAP_DAC_OVERRIDE,
+    Capability::CAP_SETUID,
+    Capability::CAP_SETGID,
+    Capability::CAP_KILL,
 ];
 
+/// What the helper refuses to start without: the tools' uid and gid.
+pub const REQUIRED: [Capability; 2] = [Capability::CAP_SETUID, Capability::CAP_SETGID];
+
 /// What the executor threads keep permitted for their tools (only
-/// [`SERVING`] effective, for re-verifying the device).
-pub const TOOLS: [Capability; 2] = [Capability::CAP_SYS_ADMIN, Capability::CAP_DAC_READ_SEARCH];
+/// [`EXECUTING`] effective).
+pub const TOOLS: [Capability; 6] = [
+    Capability::CAP_SYS_ADMIN,
+    Capability::CAP_DAC_READ_SEARCH,
+    Capability::CAP_DAC_OVERRIDE,
+    Capability::CAP_SETUID,
+    Capability::CAP_SETGID,
+    Capability::CAP_KILL,
+];
+
+/// What an executor thread itself uses: [`SERVING`] to verify the device
+/// again, `CAP_KILL` to kill a tool's process group.
+pub const EXECUTING: [Capability; 2] = [SERVING, Capability::CAP_KILL];
 
 /// What the grower thread keeps permitted, effective only while it grows
 /// an ext filesystem ([`crate::grow`]).
@@ -44,12 +66,30 @@ pub enum HardenError {
     /// A capability set could not be changed.
     #[error("capabilities: {0}")]
     Capabilities(#[from] caps::errors::CapsError),
+    /// The helper was started without a capability it cannot run tools
+    /// without ([`REQUIRED`]).
+    #[error("{0} is not permitted: every tool runs as --tool-uid and --tool-gid")]
+    Missing(Capability),
     /// `PR_SET_NO_NEW_PRIVS` or `PR_SET_DUMPABLE` failed.
     #[error("no_new_privs or dumpable: {0}")]
     NoNewPrivs(io::Error),
     /// The seccomp policy did not compile or install.
     #[error("seccomp: {0}")]
     Seccomp(String),
+}
+
+/// Whether the helper holds every capability of [`REQUIRED`] permitted;
+/// asked before anything changes.
+///
+/// # Errors
+/// [`HardenError::Missing`] naming the first it does not hold,
+/// [`HardenError::Capabilities`] when the sets cannot be read.
+pub fn require_capabilities() -> Result<(), HardenError> {
+    let permitted = caps::read(None, CapSet::Permitted)?;
+    match REQUIRED.into_iter().find(|c| !permitted.contains(c)) {
+        Some(missing) => Err(HardenError::Missing(missing)),
+        None => Ok(()),
+    }
 }
 
 /// Drops every capability but [`KEPT`] from the bounding set, clears the

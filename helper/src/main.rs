@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use ebs_csi_helper::device::IdentityPolicy;
-use ebs_csi_helper::exec::Executor;
+use ebs_csi_helper::exec::{Executor, ToolIds};
 use ebs_csi_helper::grow::Grower;
 use ebs_csi_helper::handler::Handler;
 use ebs_csi_helper::harden;
@@ -99,6 +99,14 @@ struct Args {
     /// without it a tool (blkid, mkfs) may open any file root owns.
     #[arg(long)]
     require_landlock: bool,
+    /// The uid every tool (blkid, mkfs, xfs_growfs) runs as: not 0 and
+    /// not an --allowed-uid. The packages reserve 991 for it
+    /// (ebs-csi-tools).
+    #[arg(long, value_name = "UID", default_value_t = 991, value_parser = clap::value_parser!(u32).range(1..4_294_967_295))]
+    tool_uid: u32,
+    /// The gid every tool runs as, its only group: not 0.
+    #[arg(long, value_name = "GID", default_value_t = 991, value_parser = clap::value_parser!(u32).range(1..4_294_967_295))]
+    tool_gid: u32,
 }
 
 /// Start-up, in the order of `docs/helper.md`.
@@ -112,6 +120,14 @@ fn main() -> anyhow::Result<()> {
     ebs_csi_helper::close_inherited_fds(activated.is_some()).context("closing inherited descriptors")?;
     // 2. Clear the environment (nothing below reads it).
     ebs_csi_helper::clear_environment();
+    //    Refuse a tools' uid that is root's or the agent's, or that the
+    //    helper could not switch to (capabilities it was not given).
+    anyhow::ensure!(
+        !args.allowed_uids.contains(&args.tool_uid),
+        "--tool-uid {} is an --allowed-uid: the tools run as a uid of their own",
+        args.tool_uid
+    );
+    harden::require_capabilities()?;
     // 3. The audit log: structured lines on stderr, no terminal colours;
     //    request strings are logged escaped (Debug), so none can start a line.
     tracing_subscriber::fmt()
@@ -137,21 +153,32 @@ fn main() -> anyhow::Result<()> {
         Some(listener) => listener,
         None => bind(&args.socket, args.socket_group)?,
     };
-    // 6. Keep only CAP_SYS_ADMIN, CAP_SYS_RESOURCE and CAP_DAC_READ_SEARCH
-    //    (harden::KEPT); no new privileges.
+    // 6. Keep only the capabilities of harden::KEPT (refusing to start
+    //    without those the tools' uid needs); no new privileges.
     harden::reduce_capabilities().context("reducing capabilities")?;
     harden::forbid_new_privileges().context("setting no_new_privs")?;
-    // 7. The executor threads (tools run from them, each with the tools'
-    //    seccomp denylist; the threads keep all three capabilities for them),
+    // 7. The executor threads (tools run from them, as the tools' uid, each
+    //    with the tools' seccomp denylist; the threads keep the tools'
+    //    capabilities permitted for them),
     //    then only CAP_SYS_ADMIN and the allowlist on the serving thread
     //    and its children.
     let filters = harden::seccomp_filters().context("compiling the seccomp policy")?;
     let tool_filter = Arc::new(filters.tools);
     let tool_timeout = Duration::from_secs(args.tool_timeout_seconds);
-    let tools =
-        Executor::start("tools", 1, tool_timeout, Arc::clone(&tool_filter)).context("starting the executor threads")?;
-    let formatter = Executor::start("formatter", args.max_parallel_formats.into(), tool_timeout, tool_filter)
+    let ids = ToolIds {
+        uid: args.tool_uid,
+        gid: args.tool_gid,
+    };
+    let tools = Executor::start("tools", 1, tool_timeout, ids, Arc::clone(&tool_filter))
         .context("starting the executor threads")?;
+    let formatter = Executor::start(
+        "formatter",
+        args.max_parallel_formats.into(),
+        tool_timeout,
+        ids,
+        tool_filter,
+    )
+    .context("starting the executor threads")?;
     let grower = Grower::start().context("starting the grower thread")?;
     if landlock {
         tracing::info!("tools confined by Landlock");
@@ -176,7 +203,7 @@ fn main() -> anyhow::Result<()> {
         io_timeout: Duration::from_secs(args.io_timeout_seconds),
         stop_timeout: Duration::from_secs(args.stop_timeout_seconds),
     };
-    tracing::info!(socket = %args.socket.display(), allowed_uids = ?config.allowed_uids, allowed_roots = ?args.allowed_roots, allowed_layout = ?args.allowed_layout, allow_loop_devices = args.allow_loop_devices, max_parallel_formats = args.max_parallel_formats, max_mounts = args.max_mounts, "serving");
+    tracing::info!(socket = %args.socket.display(), allowed_uids = ?config.allowed_uids, allowed_roots = ?args.allowed_roots, allowed_layout = ?args.allowed_layout, allow_loop_devices = args.allow_loop_devices, max_parallel_formats = args.max_parallel_formats, max_mounts = args.max_mounts, tool_uid = args.tool_uid, tool_gid = args.tool_gid, "serving");
     // 8. Serve until SIGTERM or SIGINT, then let requests in flight finish.
     let stopping = Arc::new(AtomicBool::new(false));
     stop_signals

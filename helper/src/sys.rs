@@ -16,8 +16,11 @@ use std::process::Command;
 use std::sync::Arc;
 
 use rustix::ioctl::{Getter, Opcode, Setter, ioctl, opcode};
+use rustix::process::{Gid, Uid};
 use rustix::thread::{CapabilitySet, CapabilitySets};
 use seccompiler::BpfProgram;
+
+use crate::exec::ToolIds;
 
 /// `BLKGETDISKSEQ = _IOR(0x12, 128, __u64)` (include/uapi/linux/fs.h,
 /// Linux ≥ 5.15): the disk sequence number, unique to each disk the kernel
@@ -118,14 +121,20 @@ pub(crate) const TOOL_DEVICE_FD: RawFd = 3;
 /// Sets up `command`'s child before it execs: it is killed when the
 /// helper dies (`PR_SET_PDEATHSIG`, so a crashed helper leaves no tool
 /// holding a device), it blocks no signal, `fd` becomes its [`TOOL_DEVICE_FD`] (without
-/// close-on-exec), every other descriptor beyond stdio is closed, and its
-/// capabilities become `capabilities` (a mask of capability bits; with
-/// `no_new_privs` the exec cannot add any, so a tool runs with exactly
-/// these), it enforces the Landlock `ruleset` (when the kernel has
-/// Landlock) and installs the seccomp `filter`; the exec keeps both.
+/// close-on-exec), every other descriptor beyond stdio is closed, it runs as
+/// `ids` (uid and gid, no supplementary group: third audit A1) with exactly
+/// the capabilities `capabilities` (a mask of capability bits, raised into
+/// the ambient set, which is how a non-root uid keeps a capability across
+/// an exec: capabilities(7), "Transformation of capabilities during
+/// execve()"; `no_new_privs` keeps the exec from adding any), it enforces
+/// the Landlock `ruleset` (when the kernel has Landlock) and installs the
+/// seccomp `filter`; the exec keeps all of them. The forking thread must
+/// hold `CAP_SETUID` and `CAP_SETGID` permitted, and every capability of
+/// `capabilities`.
 pub(crate) fn set_up_tool_child(
     command: &mut Command,
     fd: RawFd,
+    ids: ToolIds,
     capabilities: u64,
     ruleset: Option<RawFd>,
     filter: Arc<BpfProgram>,
@@ -133,20 +142,13 @@ pub(crate) fn set_up_tool_child(
     let helper = rustix::process::getpid();
     // SAFETY: the closure runs in the child between fork and exec, where
     // only async-signal-safe calls are allowed; it makes raw syscalls
-    // (prctl, getppid, sigprocmask, fcntl, dup2, capset,
-    // landlock_restrict_self, seccomp, close_range) on
+    // (prctl, getppid, sigprocmask, fcntl, dup2, capset, setgroups,
+    // setresgid, setresuid, landlock_restrict_self, seccomp, close_range) on
     // integers, stack values and the filter compiled before the fork, and
     // allocates nothing. The parent keeps `fd` open until
     // the child has exited.
     unsafe {
         command.pre_exec(move || {
-            // The death signal follows the forking thread, an executor
-            // thread that lives as long as the helper; if the helper died
-            // before the signal was set, the child is already orphaned.
-            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
-            if rustix::process::getppid() != Some(helper) {
-                return Err(io::Error::from(io::ErrorKind::BrokenPipe));
-            }
             // No signal blocked: the helper's threads block SIGTERM and
             // SIGINT (stop.rs), and a mask survives exec (signal(7)).
             let mut none: libc::sigset_t = std::mem::zeroed();
@@ -162,17 +164,15 @@ pub(crate) fn set_up_tool_child(
             if moved < 0 {
                 return Err(io::Error::last_os_error());
             }
-            // One raw capset(2) (rustix makes the call itself, allocating
-            // nothing): effective and permitted the mask, inheritable none.
-            let kept = CapabilitySet::from_bits_retain(capabilities);
-            rustix::thread::set_capabilities(
-                None,
-                CapabilitySets {
-                    effective: kept,
-                    permitted: kept,
-                    inheritable: CapabilitySet::empty(),
-                },
-            )?;
+            switch_identity(ids, CapabilitySet::from_bits_retain(capabilities))?;
+            // The death signal follows the forking thread, an executor
+            // thread that lives as long as the helper, and is set after the
+            // switch, which clears it (prctl(2), PR_SET_PDEATHSIG); if the
+            // helper died before it was set, the child is already orphaned.
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+            if rustix::process::getppid() != Some(helper) {
+                return Err(io::Error::from(io::ErrorKind::BrokenPipe));
+            }
             if let Some(ruleset) = ruleset
                 && libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) != 0
             {
@@ -184,6 +184,44 @@ pub(crate) fn set_up_tool_child(
             close_from(4)
         });
     }
+}
+
+/// Makes the calling thread `ids` with exactly `kept` (effective,
+/// permitted, inheritable and ambient), each step one raw system call that
+/// allocates nothing: `CAP_SETUID` and `CAP_SETGID` made effective for the
+/// switch, no supplementary group, the gid, then the uid with
+/// `PR_SET_KEEPCAPS` (without it the switch from uid 0 empties the permitted
+/// set; it empties the effective set either way), then the sets.
+fn switch_identity(ids: ToolIds, kept: CapabilitySet) -> io::Result<()> {
+    let switching = CapabilitySet::SETUID | CapabilitySet::SETGID;
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets {
+            effective: switching,
+            permitted: kept | switching,
+            inheritable: CapabilitySet::empty(),
+        },
+    )?;
+    rustix::thread::set_keep_capabilities(true)?;
+    rustix::thread::set_thread_groups(&[])?;
+    let (uid, gid) = (Uid::from_raw(ids.uid), Gid::from_raw(ids.gid));
+    rustix::thread::set_thread_res_gid(gid, gid, gid)?;
+    rustix::thread::set_thread_res_uid(uid, uid, uid)?;
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets {
+            effective: kept,
+            permitted: kept,
+            inheritable: kept,
+        },
+    )?;
+    for bit in 0..u64::BITS {
+        let capability = CapabilitySet::from_bits_retain(kept.bits() & (1 << bit));
+        if !capability.is_empty() {
+            rustix::thread::configure_capability_in_ambient_set(capability, true)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

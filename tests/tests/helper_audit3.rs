@@ -26,8 +26,10 @@ use ebs_csi_tests::{Helper, LoopVolume, Sandbox, is_mounted, require_root, stage
 /// agent; and it ran with SIGTERM and SIGINT blocked. A stand-in (Python,
 /// bind-mounted over the real one in the helper's own mount namespace)
 /// tries each during a Stage and reports what happened: every attempt is
-/// refused (EACCES from Landlock, EPERM from the tools' seccomp filter), no
-/// signal is blocked, and nothing it aimed at changed.
+/// refused (EACCES from Landlock, EPERM from the tools' seccomp filter), it
+/// runs as the tools' uid and gid (991, no other group) with
+/// `CAP_DAC_READ_SEARCH` alone, no signal is blocked, and nothing it aimed
+/// at changed.
 #[test]
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 fn a_taken_over_tool_changes_nothing_outside_its_volume() {
@@ -64,8 +66,9 @@ tried = [
     attempt("prlimit", lambda: resource.prlimit({victim}, resource.RLIMIT_NOFILE, (4, 4))),
     attempt("signal-helper", lambda: os.kill(os.getppid(), 0)),
 ]
-blocked = [line.split()[1] for line in open("/proc/self/status") if line.startswith("SigBlk:")]
-print(" ".join(tried), "blocked:" + blocked[0], file=sys.stderr)
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+ids = "ids:%d:%d:%s" % (os.getuid(), os.getgid(), ",".join(map(str, os.getgroups())) or "-")
+print(" ".join(tried), ids, "caps:" + status["CapEff"].strip(), "blocked:" + status["SigBlk"].strip(), file=sys.stderr)
 sys.exit(4)
 "#,
         canary = canary.display(),
@@ -78,7 +81,8 @@ sys.exit(4)
     helper.assert_blkid_failed(
         stage_request(&volume.volume_id, &volume.device, &staging, FsType::Ext4, &[]),
         "exit status: 4: shadow:EACCES chmod:EPERM utime:EPERM setxattr:EPERM unix-socket:EPERM tcp:EPERM \
-         stop:EPERM prlimit:EPERM signal-helper:EPERM blocked:0000000000000000",
+         stop:EPERM prlimit:EPERM signal-helper:EPERM ids:991:991:- caps:0000000000000004 \
+         blocked:0000000000000000",
     );
     let after = std::fs::metadata(&canary).unwrap();
     assert_eq!(
@@ -143,4 +147,49 @@ os.execv(sys.argv[1], sys.argv[1:])
     wait_until("the helper's word on Landlock", Duration::from_secs(10), || {
         helper.process.log().contains("tools confined by Landlock")
     });
+}
+
+/// A1 (fix 1): the tools' uid is neither root nor the agent's, and a
+/// helper that cannot switch to it does not start: each refused before
+/// the socket is bound, with its reason. (That the tools run as it is
+/// `a_taken_over_tool_changes_nothing_outside_its_volume`'s and
+/// `helper_formats.rs`'s.)
+#[test]
+#[cfg_attr(not_root, ignore = "needs root: the helper")]
+fn the_tools_uid_is_neither_root_nor_the_agents_and_is_required() {
+    require_root();
+    let sandbox = Sandbox::new();
+    let socket = sandbox.path().join("helper/helper.sock");
+    let agent = ebs_csi_tests::AGENT_UID.to_string();
+    let agents = format!("Error: --tool-uid {agent} is an --allowed-uid: the tools run as a uid of their own\n");
+    let refusals = [
+        (
+            vec![],
+            &["--tool-uid", "0"][..],
+            2,
+            "error: invalid value '0' for '--tool-uid <UID>': 0 is not in 1..4294967295\n\n\
+             For more information, try '--help'.\n",
+        ),
+        (vec![], &["--tool-uid", &agent][..], 1, agents.as_str()),
+        (
+            vec!["--bounding-set=-setgid", "--"],
+            &[][..],
+            1,
+            "Error: CAP_SETGID is not permitted: every tool runs as --tool-uid and --tool-gid\n",
+        ),
+    ];
+    for (setpriv, extra, code, message) in refusals {
+        let mut command = Command::new(if setpriv.is_empty() { "env" } else { "setpriv" });
+        let output = command
+            .args(&setpriv)
+            .arg(ebs_csi_tests::binary("ebs-csi-helper"))
+            .args(Helper::args(sandbox.path(), &socket))
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(code), "{extra:?}: {stderr}");
+        assert!(stderr.ends_with(message), "{extra:?}: {stderr}");
+        assert!(!socket.exists(), "{extra:?}");
+    }
 }

@@ -110,10 +110,20 @@ fn a_device_being_formatted_is_refused_until_its_format_ends() {
         let status_file = format!("/proc/{mkfs}/status");
         let mkfs = Pid::from_raw(i32::try_from(mkfs).unwrap()).unwrap();
         let status = std::fs::read_to_string(status_file).unwrap();
+        let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).unwrap().trim();
+        // CAP_DAC_OVERRIDE (bit 1) alone, to write the root-owned device
+        // node as the tools' uid and gid, 991, with no other group.
         for set in ["CapEff:", "CapPrm:", "CapInh:", "CapAmb:"] {
-            let bits = status.lines().find_map(|l| l.strip_prefix(set)).unwrap().trim();
-            assert_eq!(u64::from_str_radix(bits, 16).unwrap(), 0, "mkfs runs with {set} {bits}");
+            assert_eq!(field(set), "0000000000000002", "mkfs runs with {set}");
         }
+        for ids in ["Uid:", "Gid:"] {
+            assert_eq!(
+                field(ids).split_whitespace().collect::<Vec<_>>(),
+                ["991"; 4],
+                "mkfs's {ids}"
+            );
+        }
+        assert_eq!(field("Groups:"), "", "mkfs's groups");
         let seccomp = status.lines().find_map(|l| l.strip_prefix("Seccomp:")).unwrap().trim();
         assert_eq!(seccomp, "2", "mkfs runs without the tools' seccomp filter");
         let in_progress = |result: &Result<Reply, ClientError>| {

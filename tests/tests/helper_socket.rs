@@ -122,6 +122,9 @@ fn the_helper_runs_with_least_privilege() {
     );
     let pid = helper.process.pid();
     let (admin, resource, read_search): (u64, u64, u64) = (1 << 21, 1 << 24, 1 << 2);
+    // CAP_DAC_OVERRIDE, CAP_KILL, CAP_SETGID, CAP_SETUID
+    // (include/uapi/linux/capability.h: 1, 5, 6, 7).
+    let (write, kill, set_ids): (u64, u64, u64) = (1 << 1, 1 << 5, (1 << 6) | (1 << 7));
     let (mut executors, mut growers) = (0, 0);
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
         let task = task.unwrap().path();
@@ -143,8 +146,9 @@ fn the_helper_runs_with_least_privilege() {
                 .to_owned()
         };
         let bits = |set: &str| u64::from_str_radix(&field(set), 16).unwrap();
-        // The executor threads run the tools outside the filter and keep
-        // CAP_DAC_READ_SEARCH permitted, not effective, for xfs_growfs; the
+        // The executor threads run the tools outside the filter, kill a
+        // tool's group (CAP_KILL) and keep the tools' capabilities and the
+        // switch to their uid permitted, not effective; the
         // grower thread, outside the filter too, keeps CAP_SYS_RESOURCE
         // (where the machine grants it) and CAP_DAC_READ_SEARCH permitted,
         // effective only while it grows ext4; every other thread serves
@@ -154,7 +158,7 @@ fn the_helper_runs_with_least_privilege() {
         executors += usize::from(executor);
         growers += usize::from(grower);
         let (effective, permitted) = match (executor, grower) {
-            (true, _) => (admin, admin | read_search),
+            (true, _) => (admin | kill, admin | kill | read_search | write | set_ids),
             (_, true) => (0, resource | read_search),
             _ => (admin, admin),
         };
@@ -171,7 +175,7 @@ fn the_helper_runs_with_least_privilege() {
             assert_eq!(bits(set) & admin, allowed & admin, "{name}: {set} CAP_SYS_ADMIN");
         }
         assert_eq!(
-            bits("CapBnd:") & !(admin | resource | read_search),
+            bits("CapBnd:") & !(admin | resource | read_search | write | kill | set_ids),
             0,
             "{name}: bounding set"
         );
