@@ -138,7 +138,7 @@ async fn units_run_sandboxed() {
         ("NoNewPrivileges", "yes"),
         (
             "CapabilityBoundingSet",
-            "cap_dac_read_search cap_sys_admin cap_sys_resource",
+            "cap_dac_override cap_dac_read_search cap_kill cap_setgid cap_setuid cap_sys_admin cap_sys_resource",
         ),
         ("AmbientCapabilities", ""),
         ("PrivateMounts", "no"),
