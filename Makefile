@@ -150,13 +150,14 @@ image-deps:
 ## go-tools: the tests' Go programs, built with the machine's Go (1.26;
 ## DESIGN.md §11) into <target dir>/go/bin, the build cache beside them,
 ## outside the clone (a warm run builds nothing): tests/go's (its go.mod and
-## go.sum: a current grpc-go client), from the Go module proxy's modules,
+## go.sum: a current grpc-go client, and csi-sanity v5.4.0 as a `tool`),
+## from the Go module proxy's modules,
 ## cached there too; and tests/grpc-go's kubelet-dial, against Debian's
 ## grpc-go 1.33 (golang-google-grpc-dev, in GOPATH mode).
 GO_DIR := $(abspath $(TARGET_DIR))/go
 go-tools: deps
 	cd tests/go && GOMODCACHE=$(GO_DIR)/mod GOCACHE=$(GO_DIR)/build GOTOOLCHAIN=local GOFLAGS=-mod=readonly \
-	  go build -o $(GO_DIR)/bin/ ./...
+	  go build -o $(GO_DIR)/bin/ ./... tool
 	GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE=$(GO_DIR)/build \
 	  go build -o $(GO_DIR)/bin/kubelet-dial tests/grpc-go/main.go
 

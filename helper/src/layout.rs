@@ -15,6 +15,12 @@ pub enum Layout {
     Kubelet,
     /// Nomad's, beneath the plugin's `stage_publish_base_dir` on the host.
     Nomad,
+    /// For tests only, never on a node: the paths of csi-test's csi-sanity
+    /// (`pkg/sanity`) run with `-csi.stagingdir <root>/csi-staging` and
+    /// `-csi.mountdir <root>/csi-mount` — which are kubelet's and Nomad's
+    /// shapes it cannot make. Bound to no volume; the helper warns at
+    /// start.
+    CsiSanity,
 }
 
 /// kubelet's record of a volume, beside its staging path and targets.
@@ -58,7 +64,10 @@ impl Layout {
     ///   `staging/<namespace>/<volume>/<usage>` (`stagingDirForVolume`; the
     ///   namespace came with Nomad 1.5's per-namespace volume ids, before it
     ///   `staging/<volume>/<usage>`), target of either kind
-    ///   `per-alloc/<alloc>/<volume>/<usage>` (`targetForVolume`).
+    ///   `per-alloc/<alloc>/<volume>/<usage>` (`targetForVolume`);
+    /// - csi-sanity (csi-test v5 `pkg/sanity/node.go`): staging its
+    ///   staging directory itself, `csi-staging`; target of either kind
+    ///   `csi-mount/target` (`sc.TargetPath + "/target"`).
     ///
     /// Components are non-empty and never `.` or `..` (checked before).
     pub fn accepts(self, role: Role, below: &[&str]) -> bool {
@@ -79,7 +88,7 @@ impl Layout {
             (Self::Kubelet, ["plugins", "kubernetes.io", "csi", driver, hash, "globalmount"]) => {
                 *driver == DRIVER_NAME && hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit())
             }
-            (Self::Nomad, ["staging", _, _] | ["staging", _, _, _]) => true,
+            (Self::Nomad, ["staging", _, _] | ["staging", _, _, _]) | (Self::CsiSanity, ["csi-staging"]) => true,
             _ => false,
         }
     }
@@ -122,7 +131,7 @@ impl Layout {
     /// volume by its records instead ([`Layout::binding`]).
     pub fn publishes(self, staging: &[&str], target: &[&str]) -> bool {
         match (self, staging, target) {
-            (Self::Kubelet, _, _) => true,
+            (Self::Kubelet | Self::CsiSanity, _, _) => true,
             (Self::Nomad, [.., volume, usage], ["per-alloc", _, target_volume, target_usage]) => {
                 (volume, usage) == (target_volume, target_usage)
             }
@@ -143,6 +152,7 @@ impl Layout {
             (self, below),
             (Self::Kubelet, ["pods", _, "volumes", "kubernetes.io~csi", _, "mount"])
                 | (Self::Nomad, ["per-alloc", _, _, _])
+                | (Self::CsiSanity, ["csi-mount", "target"])
         )
     }
 
@@ -153,6 +163,7 @@ impl Layout {
                 Self::Kubelet,
                 ["plugins", "kubernetes.io", "csi", "volumeDevices", "publish", _, _]
             ) | (Self::Nomad, ["per-alloc", _, _, _])
+                | (Self::CsiSanity, ["csi-mount", "target"])
         )
     }
 }
@@ -254,6 +265,27 @@ mod tests {
             "per-alloc/alloc-1/vol-a/ro-file-system-multi-node-reader-only"
         ));
         assert!(Layout::Kubelet.publishes(&parts("a"), &parts("b")));
+    }
+
+    #[test]
+    fn csi_sanitys_shapes_and_nothing_else() {
+        let sanity = |role, path: &str| Layout::CsiSanity.accepts(role, &parts(path));
+        assert!(sanity(Role::Staging, "csi-staging"));
+        assert!(sanity(Role::Target, "csi-mount/target"));
+        assert!(sanity(Role::BlockTarget, "csi-mount/target"));
+        assert!(!sanity(Role::Target, "csi-staging"));
+        assert!(!sanity(Role::Staging, "csi-mount/target"));
+        for refused in [
+            "csi-mount",
+            "csi-staging/x",
+            "csi-mount/target/x",
+            "pods/uid/volumes/kubernetes.io~csi/pv-1/mount",
+        ] {
+            assert!(!sanity(Role::Volume, refused), "{refused}");
+        }
+        assert_eq!(Layout::CsiSanity.binding(&parts("csi-mount/target")), None);
+        assert!(Layout::CsiSanity.publishes(&parts("csi-staging"), &parts("csi-mount/target")));
+        assert!(!Layout::CsiSanity.creates_target_parents());
     }
 
     #[test]

@@ -44,9 +44,9 @@ struct Args {
     #[arg(long = "allowed-root", value_name = "DIR", default_value = "/var/lib/kubelet")]
     allowed_roots: Vec<PathBuf>,
     /// Whose paths the roots hold: kubelet's (its root directory) or
-    /// Nomad's (the plugin's stage_publish_base_dir). Only the shapes that
-    /// orchestrator gives a CSI volume's staging and target paths are
-    /// mounted on.
+    /// Nomad's (the plugin's stage_publish_base_dir); csi-sanity's for
+    /// tests only. Only the shapes that orchestrator gives a CSI volume's
+    /// staging and target paths are mounted on.
     #[arg(long, value_enum, default_value_t = Layout::Kubelet)]
     allowed_layout: Layout,
     /// Accept loop devices whose backing file's name contains the volume id
@@ -192,6 +192,9 @@ fn main() -> anyhow::Result<()> {
         nvme_model: args.nvme_model,
         allow_loop_devices: args.allow_loop_devices,
     };
+    if args.allowed_layout == Layout::CsiSanity {
+        tracing::warn!("test mode: mounting at csi-sanity's paths, bound to no volume");
+    }
     if policy.nvme_vendor_id != EBS_VENDOR_ID || policy.nvme_model != EBS_MODEL {
         tracing::warn!(vendor_id = policy.nvme_vendor_id, model = %policy.nvme_model, "test mode: accepting NVMe controllers that are not EBS volumes");
     }

@@ -101,6 +101,16 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
+/// The Go program `name` of `make go-tools` (tests/go's, tests/grpc-go's),
+/// in `<target dir>/go/bin` (a test runs from `<target dir>/<profile>/deps`).
+pub fn go_tool(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let target = exe.ancestors().nth(3).expect("target dir");
+    let path = target.join("go/bin").join(name);
+    assert!(path.exists(), "{} is not built: run `make go-tools`", path.display());
+    path
+}
+
 /// Waits until `condition` holds, polling every 10 ms, or panics after
 /// `deadline` with `what`.
 pub fn wait_until(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) {

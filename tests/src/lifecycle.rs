@@ -187,11 +187,37 @@ pub struct Environment {
     fs_type: &'static str,
 }
 
+impl Environment {
+    /// The directory everything runs in; the helper's allowed root is its
+    /// `kubelet` ([`Helper::args`]).
+    pub fn dir(&self) -> &Path {
+        self.sandbox.path()
+    }
+
+    /// The agent's CSI socket (Node and Identity).
+    pub fn node_socket(&self) -> &Path {
+        &self.agent.socket
+    }
+
+    /// The controller's CSI socket (Controller, GroupController, Identity).
+    pub fn controller_socket(&self) -> &Path {
+        &self.controller.socket
+    }
+}
+
 /// Starts every component, each as a step.
 ///
 /// # Errors
 /// The [`Failure`] of the component that did not start.
 pub async fn start(report: &mut Report) -> Result<Environment, Failure> {
+    start_with(report, &[]).await
+}
+
+/// [`start`], the helper given `helper_args` besides [`Helper::args`].
+///
+/// # Errors
+/// The [`Failure`] of the component that did not start.
+pub async fn start_with(report: &mut Report, helper_args: &'static [&'static str]) -> Result<Environment, Failure> {
     let sandbox = Sandbox::new();
     report.log_dir = Some(sandbox.path().to_owned());
     // The attach simulator copies snapshot contents here; serve.py lists
@@ -232,7 +258,7 @@ pub async fn start(report: &mut Report) -> Result<Environment, Failure> {
             Component::Helper,
             {
                 let dir = sandbox.path().to_owned();
-                blocking(move || Helper::start_in(&dir, &[]))
+                blocking(move || Helper::start_in(&dir, helper_args))
             },
         )
         .await?;

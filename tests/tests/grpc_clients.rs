@@ -12,12 +12,12 @@
     reason = "integration tests: a failed step fails the test"
 )]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use ebs_csi_proto::v1::{GetPluginInfoResponse, NodeGetInfoResponse};
 use ebs_csi_tests::moto::Controller;
-use ebs_csi_tests::{Agent, Helper, Sandbox, repository, require_root, venv_program};
+use ebs_csi_tests::{Agent, Helper, Sandbox, go_tool, repository, require_root, venv_program};
 use prost::Message;
 
 const GET_PLUGIN_INFO: &str = "/csi.v1.Identity/GetPluginInfo";
@@ -48,18 +48,6 @@ fn grpcio(socket: &Path, method: &str, authority: Option<&str>) -> Vec<u8> {
         .arg(method)
         .args(authority);
     response(command.output().unwrap(), &format!("grpcio, authority {authority:?}"))
-}
-
-/// The Go program `name` of `make go-tools`, in `<target dir>/go/bin`.
-fn go_tool(name: &str) -> PathBuf {
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap();
-    let binary = target.join("go/bin").join(name);
-    assert!(
-        binary.exists(),
-        "{} is not built: run `make go-tools`",
-        binary.display()
-    );
-    binary
 }
 
 /// Calls `method` with a current grpc-go (tests/go), as the CSI sidecars

@@ -105,7 +105,8 @@ struct Record {
     visible_at: Instant,
     /// Describe calls show this earlier state until the moment given.
     earlier: Option<(Volume, Instant)>,
-    /// DeleteVolume took it: gone once `earlier` has passed.
+    /// DeleteVolume took it: gone from Describe calls once `earlier` has
+    /// passed, kept for the answer to its client token.
     deleted: bool,
 }
 
@@ -393,7 +394,6 @@ impl Model {
             detached_at,
             ..
         } = state;
-        volumes.retain(|_, r| !r.deleted || r.shown(now).is_some());
         for record in volumes.values_mut() {
             let volume = &mut record.volume;
             if volume.state == VolumeState::Creating && now >= record.ready_at {
@@ -458,13 +458,22 @@ impl Ec2 for Model {
                     "ClientToken reused with other parameters".into(),
                 ));
             }
-            // EC2 answers a repeat with the volume, visible or not yet.
+            // EC2 answers a repeat with the volume in its state now,
+            // visible or not yet, deleted or not ("Ensuring idempotency
+            // in Amazon EC2 API requests": "the result might contain
+            // updated information").
             let id = id.clone();
             return state
                 .volumes
                 .get(&id)
-                .filter(|r| !r.deleted)
-                .map(|r| r.volume.clone())
+                .map(|r| Volume {
+                    state: if r.deleted {
+                        VolumeState::Deleted
+                    } else {
+                        r.volume.state.clone()
+                    },
+                    ..r.volume.clone()
+                })
                 .ok_or_else(|| Self::missing(&id));
         }
         state.next_id += 1;

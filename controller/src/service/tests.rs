@@ -25,6 +25,13 @@ fn controller(behaviour: Behaviour) -> (Arc<Model>, ControllerService<Model>) {
     let model = Arc::new(Model::new(behaviour));
     model.add_instance("i-1", "us-east-1a");
     model.add_instance("i-2", "us-east-1a");
+    let service = restarted(&model);
+    (model, service)
+}
+
+/// A controller that starts on `model` (as after a restart: it remembers
+/// nothing).
+fn restarted(model: &Arc<Model>) -> ControllerService<Model> {
     let settings = Settings {
         batch: BatchConfig {
             window: Duration::from_millis(20),
@@ -36,7 +43,7 @@ fn controller(behaviour: Behaviour) -> (Arc<Model>, ControllerService<Model>) {
         state_timeout: Duration::from_secs(10),
         ..Settings::default()
     };
-    (Arc::clone(&model), ControllerService::new(model, settings))
+    ControllerService::new(Arc::clone(model), settings)
 }
 
 fn capability(mode: Mode, block: bool) -> VolumeCapability {
@@ -337,6 +344,39 @@ async fn a_reused_client_token_with_other_parameters_is_already_exists() {
     // The retry uses the name's next token and creates the volume.
     service.create(pvc()).await.unwrap();
     assert_eq!(model.calls("CreateVolume"), 2);
+}
+
+/// EC2 keeps a client token after its volume is deleted and answers it
+/// with that volume: a name used again (csi-sanity's specs, a claim
+/// deleted and made again) gets a new volume.
+#[tokio::test]
+async fn a_name_used_again_after_delete_gets_a_new_volume() {
+    let (model, service) = controller(Behaviour::default());
+    let delete = |volume_id: &str| DeleteVolumeRequest {
+        volume_id: volume_id.to_owned(),
+        ..Default::default()
+    };
+    let first = create(&service, "pvc-again").await;
+    service.delete(delete(&first)).await.unwrap();
+    let second = create(&service, "pvc-again").await;
+    assert_ne!(first, second);
+    assert_eq!(model.calls("CreateVolume"), 2);
+
+    // A controller that restarted since does not know the tokens moved:
+    // EC2 answers the name's first two with the deleted volumes, and each
+    // retry moves on to the next.
+    let service = restarted(&model);
+    service.delete(delete(&second)).await.unwrap();
+    let pvc = || request("pvc-again", &[], capability(Mode::SingleNodeWriter, false));
+    for deleted in [&first, &second] {
+        let err = service.create(pvc()).await.unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains(deleted.as_str()), "{message}");
+        assert_eq!(code(err), Code::Unavailable);
+    }
+    let third = service.create(pvc()).await.unwrap().volume.unwrap().volume_id;
+    assert!(third != first && third != second, "{third}");
+    assert_eq!(model.volumes(), vec![third]);
 }
 
 /// The one exception to "deleted only on DeleteVolume": a volume this

@@ -297,7 +297,14 @@ impl<E: Ec2> ControllerService<E> {
             tags: volume_tags,
             client_token: self.tokens.token(name),
         };
-        let (volume, made_here) = match self.describe.volumes_by_name.get(name).await? {
+        // A volume deleted here that DescribeVolumes still lists is gone.
+        let found = self
+            .describe
+            .volumes_by_name
+            .get(name)
+            .await?
+            .filter(|v| !self.tokens.deleted_here(&v.id));
+        let (volume, made_here) = match found {
             Some(v) if matches_request(&v, &input) => (v, false),
             Some(v) => {
                 return Err(ControllerError::AlreadyExists(format!(
@@ -317,6 +324,7 @@ impl<E: Ec2> ControllerService<E> {
             },
         };
         tracing::info!(volume_id = %volume.id, name, zone = %volume.zone, size_gib, made_here, "volume created");
+        self.tokens.made(&volume.id, name);
         let volume = self.wait_usable(name, volume, made_here).await?;
         let mut context = format_context::to_context(&p.format);
         if let Some(fs) = p.fs_type {
@@ -367,35 +375,53 @@ impl<E: Ec2> ControllerService<E> {
     /// it, with one exception: a volume this call's CreateVolume or
     /// CopyVolumes answered with (`made_here`) that EC2 then reports in
     /// state `error` — the creation failed, it never held data, and the
-    /// name's next attempt takes a new client token.
+    /// name's next attempt takes a new client token. A volume EC2 answered
+    /// with that is `deleting` or `deleted` is an earlier volume of the
+    /// same name that EC2 still keeps the token for (one deleted before a
+    /// restart forgot it): the next attempt takes a new token too.
     ///
     /// # Errors
     /// UNAVAILABLE at the create timeout (the CO's retry finds the volume
-    /// by name, or EC2 returns it for the same client token); INTERNAL for
-    /// a volume in `error`, `deleting` or `deleted`.
+    /// by name, or EC2 returns it for the same client token) and for an
+    /// earlier, deleted volume; INTERNAL for a volume in `error`, or one
+    /// found by name that went to `deleting` or `deleted`.
     async fn wait_usable(&self, name: &str, volume: Volume, made_here: bool) -> Result<Volume, ControllerError> {
         let id = volume.id.clone();
-        let ended = wait::until(
-            &format!("volume {id} to become available (still creating, or not yet visible to DescribeVolumes)"),
-            self.settings.create_timeout,
-            self.cadence(),
-            || async {
-                Ok(match self.describe.volumes.get(&id).await? {
-                    Some(v) if matches!(v.state, VolumeState::Available | VolumeState::InUse) => Look::Done(Ok(v)),
-                    None => Look::Again,
-                    Some(v) if v.state == VolumeState::Creating => Look::Again,
-                    Some(v) => Look::Done(Err(v.state)),
-                })
-            },
-        )
-        .await?;
+        // EC2 answers a token whose volume is deleted with it in its state
+        // now, which DescribeVolumes no longer shows.
+        let ended = if matches!(volume.state, VolumeState::Deleting | VolumeState::Deleted) {
+            Err(volume.state)
+        } else {
+            wait::until(
+                &format!("volume {id} to become available (still creating, or not yet visible to DescribeVolumes)"),
+                self.settings.create_timeout,
+                self.cadence(),
+                || async {
+                    Ok(match self.describe.volumes.get(&id).await? {
+                        Some(v) if matches!(v.state, VolumeState::Available | VolumeState::InUse) => Look::Done(Ok(v)),
+                        None => Look::Again,
+                        Some(v) if v.state == VolumeState::Creating => Look::Again,
+                        Some(v) => Look::Done(Err(v.state)),
+                    })
+                },
+            )
+            .await?
+        };
         let state = match ended {
             Ok(v) => return Ok(v),
             Err(state) => state,
         };
+        if made_here {
+            self.tokens.deleted(&id);
+        }
+        if made_here && matches!(state, VolumeState::Deleting | VolumeState::Deleted) {
+            return Err(ControllerError::Unavailable(format!(
+                "EC2 answered this name's client token with volume {id}, an earlier volume named {name} that is \
+                 {state:?}; the next attempt uses a new client token"
+            )));
+        }
         if state == VolumeState::Error && made_here {
             tracing::error!(volume_id = %id, name, "EC2 failed to create the volume; deleting it");
-            self.tokens.rotate(name);
             if let Err(e) = self.ec2.delete_volume(&id).await {
                 tracing::error!(volume_id = %id, error = %e, "could not delete the failed volume");
             }
@@ -410,6 +436,7 @@ impl<E: Ec2> ControllerService<E> {
         let _guard = self.in_flight.acquire(volume_id)?;
         match self.ec2.delete_volume(volume_id).await {
             Ok(()) | Err(Ec2Error::NotFound(_)) => {
+                self.tokens.deleted(volume_id);
                 tracing::info!(volume_id, "volume deleted");
                 Ok(DeleteVolumeResponse {})
             }
@@ -487,6 +514,11 @@ impl<E: Ec2> ControllerService<E> {
             .ec2
             .describe_volumes(Selector::TagKey(tags::CLUSTER.to_owned()))
             .await?;
+        // EC2 still describes a deleted volume for a while, `deleting` or
+        // `deleted` (Amazon EC2 User Guide, "Amazon EBS volume lifecycle"):
+        // after DeleteVolume succeeded it is no volume of the CO's
+        // (csi-sanity's ListVolumes spec counts it gone at once).
+        volumes.retain(|v| !matches!(v.state, VolumeState::Deleting | VolumeState::Deleted));
         volumes.sort_by(|a, b| a.id.cmp(&b.id));
         let (volumes, next_token) = page(volumes, |v| &v.id, &r.starting_token, r.max_entries)?;
         Ok(ListVolumesResponse {
