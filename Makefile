@@ -150,7 +150,8 @@ image-deps:
 ## go-tools: the tests' Go programs, built with the machine's Go (1.26;
 ## DESIGN.md §11) into <target dir>/go/bin, the build cache beside them,
 ## outside the clone (a warm run builds nothing): tests/go's (its go.mod and
-## go.sum: a current grpc-go client, and csi-sanity v5.4.0 as a `tool`),
+## go.sum: a current grpc-go client, and csi-sanity v5.4.0 and helm v3.22.0
+## as `tool`s),
 ## from the Go module proxy's modules,
 ## cached there too; and tests/grpc-go's kubelet-dial, against Debian's
 ## grpc-go 1.33 (golang-google-grpc-dev, in GOPATH mode).
@@ -361,11 +362,12 @@ fuzz-smoke: fuzz-tools
 	@mkdir -p fuzz/corpus/request
 	$(FUZZ) -runs=20000 -max_total_time=60
 
-## validate-deploy: the Kubernetes and Nomad artefacts against their schemas,
-## each other and the flags of the built binaries (deploy/validate.py).
-validate-deploy: moto
-	$(VENV)/bin/python deploy/validate.py $(TARGET_DIR)/debug
-	$(VENV)/bin/python deploy/validate.py $(TARGET_DIR)/debug --self-test
+## validate-deploy: the Kubernetes and Nomad artefacts and the Helm chart
+## against their schemas, each other and the flags of the built binaries
+## (deploy/validate.py; helm from go-tools).
+validate-deploy: moto go-tools
+	HELM=$(GO_DIR)/bin/helm $(VENV)/bin/python deploy/validate.py $(TARGET_DIR)/debug
+	HELM=$(GO_DIR)/bin/helm $(VENV)/bin/python deploy/validate.py $(TARGET_DIR)/debug --self-test
 
 ## budget: the helper's code lines against the privileged-code budget of
 ## docs/helper.md.

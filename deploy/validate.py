@@ -15,6 +15,12 @@ checked field by field here. Then: the agent container is unprivileged,
 the helper container is the only privileged one, the helper admits
 the agent's uid and group, and the controller's sidecars enable
 VolumeAttributesClass and wait long enough for an attach and a Probe.
+The Helm chart (charts/aws-ebs-csi-driver, rendered by the helm that
+`make go-tools` builds, $HELM): `helm lint --strict`, then its defaults and
+each values file under its ci/ rendered with `helm template` and checked as
+the overlays are, against every Kubernetes minor from the oldest supported
+to the newest; a key it does not take, or a value of the reference chart
+it does not do, is refused with the key's name.
 IAM: the base policy and the migration policy allow exactly what each
 promises on volumes of every origin. Nomad: every .hcl parses (python-hcl2), plugin
 ids and types agree across the jobs and the volume, and the helper's
@@ -240,15 +246,20 @@ NODE_RULES = [
 ]
 
 
-def check_node_rbac(where, objects):
-    """The node's service account may do NODE_RULES and nothing else."""
+# The same without the Node patch (the chart's
+# node.serviceAccount.disableMutation).
+NODE_RULES_READ_ONLY = [{**NODE_RULES[0], "verbs": ["get"]}, NODE_RULES[1]]
+
+
+def check_node_rbac(where, objects, rules=NODE_RULES):
+    """The node's service account may do `rules` and nothing else."""
     roles = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ClusterRole"}
     granted = []
     for binding in (o for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
         if any(s.get("name") == NODE_ACCOUNT for s in binding.get("subjects", [])):
             granted += roles.get(binding["roleRef"]["name"], {}).get("rules", [])
-    if granted != NODE_RULES:
-        fail(where, f"{NODE_ACCOUNT} must be allowed {NODE_RULES} and nothing else, not {granted}")
+    if granted != rules:
+        fail(where, f"{NODE_ACCOUNT} must be allowed {rules} and nothing else, not {granted}")
 
 
 def check_helper(where, pod_spec, agent, helper):
@@ -268,7 +279,9 @@ def check_helper(where, pod_spec, agent, helper):
 
 def requires_helper_label(pod_spec):
     """Whether the pod is scheduled only on nodes labelled as having the
-    host's helper installed."""
+    host's helper installed (by its nodeSelector or its node affinity)."""
+    if pod_spec.get("nodeSelector", {}).get(HELPER_LABEL) == "installed":
+        return True
     terms = (
         pod_spec.get("affinity", {})
         .get("nodeAffinity", {})
@@ -432,14 +445,15 @@ def check_snapshot_metadata_component(flags):
                 fail(where, f"SnapshotMetadataService address {address} is not a Service port that reaches the sidecar")
 
 
-def check_objects(where, overlay, objects, flags):
-    """Every object of `overlay` (with what else `where` says) valid; every
-    container's image allowed, the flags of the driver's commands accepted,
-    none privileged but the standard overlay's helper; the node DaemonSet
-    and the controller Deployment as check_node and check_controller want."""
+def check_objects(where, overlay, objects, flags, versions=None):
+    """Every object of `overlay` (with what else `where` says) valid in
+    `versions` (validate_schema's by default); every container's image
+    allowed, the flags of the driver's commands accepted, none privileged
+    but the standard overlay's helper; the node DaemonSet and the
+    controller Deployment as check_node and check_controller want."""
     for obj in objects:
         at = f"{where}: {obj['kind']}/{obj['metadata']['name']}"
-        validate_schema(at, obj)
+        validate_schema(at, obj, versions)
         pod_spec = obj.get("spec", {}).get("template", {}).get("spec")
         if pod_spec is None:
             continue
@@ -468,6 +482,68 @@ def check_overlay(overlay, flags):
     kinds = {(o["kind"], o["metadata"]["name"]) for o in objects}
     if ("CSIDriver", DRIVER) not in kinds:
         fail(overlay, f"no CSIDriver {DRIVER}")
+
+
+HELM = os.environ.get("HELM", "helm")
+# Each values file under the chart's ci/ (None: the defaults), the helper
+# mode it renders and what the node's service account may do.
+CHART_CASES = {
+    None: ("standard", NODE_RULES),
+    "ci/hardened-values.yaml": ("hardened", NODE_RULES),
+    "ci/every-key-values.yaml": ("standard", NODE_RULES_READ_ONLY),
+}
+# Values the chart must refuse, and the part of helm's error that names
+# the key: one it does not know, and reference keys it does not do.
+CHART_REFUSALS = [
+    ("controller.noSuchKey=1", "'noSuchKey' not allowed"),
+    ("node.enableWindows=true", "/node/enableWindows"),
+    ("sidecars.volumemodifier.logLevel=2", "/sidecars/volumemodifier"),
+    ("node.securityContext.runAsUser=0", "/node/securityContext"),
+    ("node.helper.mode=privileged", "/node/helper/mode"),
+]
+
+
+def chart():
+    return DEPLOY.parent / "charts" / "aws-ebs-csi-driver"
+
+
+def every_minor():
+    """Every Kubernetes minor from the oldest supported to the newest."""
+    oldest, newest = (tuple(map(int, v.split("."))) for v in kubernetes_versions(DEPLOY))
+    return [f"{oldest[0]}.{minor}" for minor in range(oldest[1], newest[1] + 1)]
+
+
+def helm(*args):
+    return subprocess.run([HELM, *args], capture_output=True, text=True)
+
+
+def template(*args):
+    """`helm template` of the chart as release ebs-csi in kube-system, for
+    the newest Kubernetes (helm's default is 1.20, older than the chart's
+    kubeVersion)."""
+    newest = f"{every_minor()[-1]}.0"
+    return helm("template", "ebs-csi", str(chart()), "--namespace", "kube-system", "--kube-version", newest, *args)
+
+
+def check_chart(flags):
+    lint = helm("lint", "--strict", str(chart()), "--kube-version", f"{every_minor()[0]}.0")
+    if lint.returncode != 0:
+        fail("charts/aws-ebs-csi-driver", f"helm lint --strict: {lint.stdout}{lint.stderr}")
+    for values, (mode, rules) in CHART_CASES.items():
+        where = f"chart with {values or 'its defaults'}"
+        rendered = template(*(["--values", str(chart() / values)] if values else []))
+        if rendered.returncode != 0:
+            fail(where, f"helm template: {rendered.stderr}")
+            continue
+        objects = [o for o in yaml.load_all(rendered.stdout, Loader=Loader) if o]
+        check_objects(where, mode, objects, flags, every_minor())
+        check_node_rbac(where, objects, rules)
+        if ("CSIDriver", DRIVER) not in {(o["kind"], o["metadata"]["name"]) for o in objects}:
+            fail(where, f"no CSIDriver {DRIVER}")
+    for value, named in CHART_REFUSALS:
+        refused = template("--set", value)
+        if refused.returncode == 0 or named not in refused.stderr:
+            fail("chart", f"--set {value} is not refused naming {named!r}: {refused.stderr or 'rendered'}")
 
 
 def check_command(where, command, flags):
@@ -733,6 +809,7 @@ def check_all(flags):
         check_overlay(overlay, flags)
     check_selinux_component()
     check_snapshot_metadata_component(flags)
+    check_chart(flags)
     check_examples()
     check_iam()
     check_nomad(flags)
@@ -828,6 +905,17 @@ BREAKS = [
     ("kubernetes/components/snapshot-metadata/snapshotmetadataservice.yaml", ".kube-system:6443", ".kube-system:443",
      "is not a Service port"),
     ("iam-policy.json", '"ebs:ListSnapshotBlocks", ', "", "does not grant ebs:ListSnapshotBlocks"),
+    ("../charts/aws-ebs-csi-driver/templates/_node.tpl", "runAsUser: 990", "runAsUser: 0", "runAsUser is 0"),
+    ("../charts/aws-ebs-csi-driver/templates/_node.tpl", "- --socket-group=990", "- --socket-group=0",
+     "must allow uid and group"),
+    ("../charts/aws-ebs-csi-driver/templates/_node.tpl", "ebs.csi.aws.com/helper: installed", "helper: installed",
+     "must require the node label"),
+    ("../charts/aws-ebs-csi-driver/templates/controller.yaml", "- --batching=", "- --batch=", "--batch="),
+    ("../charts/aws-ebs-csi-driver/templates/node-rbac.yaml", "[get, patch]", "[get, patch, delete]", "and nothing else"),
+    ("../charts/aws-ebs-csi-driver/values.schema.json", '"enableWindows": {\n', '"enableWindowsX": {\n',
+     "/node/enableWindows"),
+    ("../charts/aws-ebs-csi-driver/values.yaml", "logLevel: 2\n  loggingFormat: text\n  # Override",
+     "logLevel: two\n  loggingFormat: text\n  # Override", "helm lint --strict"),
 ]
 
 
@@ -855,6 +943,7 @@ def missed_break(flags, brk):
         try:
             shutil.copytree(original, DEPLOY)
             shutil.copytree(original.parent / "docs", DEPLOY.parent / "docs")
+            shutil.copytree(original.parent / "charts", DEPLOY.parent / "charts")
             target = DEPLOY / file
             content = target.read_text()
             if text not in content:

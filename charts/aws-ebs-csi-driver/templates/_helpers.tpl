@@ -1,0 +1,73 @@
+{{/* Labels on every object: the chart's, then customLabels. */}}
+{{- define "ebs-csi.labels" -}}
+app.kubernetes.io/name: aws-ebs-csi-driver
+app.kubernetes.io/part-of: ebs-csi
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- with .Values.customLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* An image reference from {repository, tag}; the tag defaults to the
+chart's appVersion. */}}
+{{- define "ebs-csi.image" -}}
+{{- $image := index . 0 -}}
+{{- $root := index . 1 -}}
+{{- printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) -}}
+{{- end -}}
+
+{{/* A sidecar's image, pull policy, resources, env and securityContext:
+(list <sidecar values> <root>). */}}
+{{- define "ebs-csi.sidecar" -}}
+{{- $sidecar := index . 0 -}}
+image: {{ include "ebs-csi.image" (list $sidecar.image (index . 1)) }}
+imagePullPolicy: {{ $sidecar.image.pullPolicy }}
+{{- with $sidecar.resources }}
+resources:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml $sidecar.securityContext | nindent 2 }}
+{{- end -}}
+
+{{/* Leader election flags of a controller sidecar. */}}
+{{- define "ebs-csi.leaderElection" -}}
+- --leader-election={{ .leaderElection.enabled }}
+{{- range $flag := list "leaseDuration" "renewDeadline" "retryPeriod" }}
+{{- with index $.leaderElection $flag }}
+- --leader-election-{{ kebabcase $flag }}={{ . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* extraVolumeTags as the controller's --extra-tags: key=value,… in key
+order. */}}
+{{- define "ebs-csi.tags" -}}
+{{- $pairs := list -}}
+{{- range $key, $value := . -}}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}
+
+{{/* The static credentials of awsAccessSecret, as the reference chart
+passes them: optional, so that a cluster without the Secret uses the
+ServiceAccount's role. */}}
+{{- define "ebs-csi.awsAccessSecret" -}}
+{{- with .Values.awsAccessSecret -}}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ .name }}
+      key: {{ .keyId }}
+      optional: true
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .name }}
+      key: {{ .accessKey }}
+      optional: true
+{{- end -}}
+{{- end -}}
