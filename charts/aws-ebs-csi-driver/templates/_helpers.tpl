@@ -71,3 +71,19 @@ ServiceAccount's role. */}}
       optional: true
 {{- end -}}
 {{- end -}}
+
+{{/* Egress every pod of the driver needs: DNS, HTTPS to AWS's endpoints and
+the API server (443, 6443), and IMDS (IPv4 and IPv6). */}}
+{{- define "ebs-csi.egress" -}}
+- ports:
+    - {protocol: UDP, port: 53}
+    - {protocol: TCP, port: 53}
+- ports:
+    - {protocol: TCP, port: 443}
+    - {protocol: TCP, port: 6443}
+- to:
+    - ipBlock: {cidr: 169.254.169.254/32}
+    - ipBlock: {cidr: "fd00:ec2::254/128"}
+  ports:
+    - {protocol: TCP, port: 80}
+{{- end -}}
