@@ -7,7 +7,9 @@ Usage: validate.py BIN_DIR [--self-test]
   --self-test  instead, break copies of the files in each way checked
                below and fail unless every break is reported
 
-Kubernetes: each overlay is rendered with `kubectl kustomize` and every
+Kubernetes: each overlay's chart.yaml must be the chart's rendering with
+its values.yaml (deploy/kustomize.py); each overlay is rendered with
+`kubectl kustomize` and every
 object is checked with kubernetes-validate --strict against the oldest
 Kubernetes docs/install-kubernetes.md says is supported ("Kubernetes ≥
 X.Y") and the newest (NEWEST_KUBERNETES); kinds it has no schema for (the snapshot CRDs) are
@@ -44,6 +46,8 @@ from pathlib import Path
 import hcl2
 import kubernetes_validate
 import yaml
+
+import kustomize
 from hcl2.utils import SerializationOptions
 
 NEWEST_KUBERNETES = "1.37"
@@ -71,7 +75,7 @@ CONTROLLER_CALLS = {
     DEPLOY.parent / "controller" / "src" / "ec2" / "sdk.rs": "ec2",
     DEPLOY.parent / "controller" / "src" / "snapshot_metadata" / "blocks.rs": "ebs",
 }
-OVERLAYS = ["hardened", "standard"]
+OVERLAYS = kustomize.OVERLAYS
 AGENT_UID = 990
 AGENT_CONTAINER = "ebs-plugin"
 HELPER_CONTAINER = "ebs-csi-helper"
@@ -476,6 +480,12 @@ def check_objects(where, overlay, objects, flags, versions=None):
 
 
 def check_overlay(overlay, flags):
+    committed = (DEPLOY / "kubernetes/overlays" / overlay / "chart.yaml").read_text()
+    try:
+        if committed != kustomize.rendered(DEPLOY, overlay, HELM):
+            fail(overlay, "chart.yaml is not the chart's rendering with values.yaml: run make kustomize")
+    except subprocess.CalledProcessError as e:
+        fail(overlay, f"the chart does not render with values.yaml: {e.stderr}")
     objects = render(DEPLOY / "kubernetes/overlays" / overlay)
     check_objects(overlay, overlay, objects, flags)
     check_node_rbac(overlay, objects)
@@ -816,54 +826,55 @@ def check_all(flags):
 
 
 # Each break: (file under deploy/, text, replacement, a part of the
-# failure it must cause).
+# failure it must cause). The overlays are the chart's renderings: their
+# breaks are the templates'.
+CHART = "../charts/aws-ebs-csi-driver/"
+TEMPLATES = CHART + "templates/"
 BREAKS = [
-    ("kubernetes/base/node.yaml", "- --helper-socket=/run/ebs-csi/helper.sock", "- --no-such-flag", "--no-such-flag"),
-    ("kubernetes/base/node.yaml", "runAsUser: 990", "runAsUser: 0", "runAsUser is 0"),
-    ("kubernetes/base/node.yaml", "drop: [ALL]\n          volumeMounts:\n            - name: plugin-dir\n",
+    (TEMPLATES + "_node.tpl", "- --helper-socket=/run/ebs-csi/helper.sock", "- --no-such-flag", "--no-such-flag"),
+    (TEMPLATES + "_node.tpl", "runAsUser: 990", "runAsUser: 0", "runAsUser is 0"),
+    (TEMPLATES + "_node.tpl", "drop: [ALL]\n          volumeMounts:\n            - name: plugin-dir\n",
      "drop: [ALL]\n              add: [SYS_ADMIN]\n          volumeMounts:\n            - name: plugin-dir\n",
      "ebs-plugin: is privileged"),
-    ("kubernetes/base/node.yaml", "verbs: [get, patch]", "verbs: [get, patch, list]", "and nothing else"),
-    ("kubernetes/base/node.yaml", "verbs: [list]", "verbs: [list, watch, delete]", "and nothing else"),
+    (TEMPLATES + "node-rbac.yaml", '"[get, patch]"', '"[get, patch, list]"', "and nothing else"),
+    (TEMPLATES + "node-rbac.yaml", "verbs: [list]", "verbs: [list, watch, delete]", "and nothing else"),
     ("kubernetes/components/selinux/kustomization.yaml", "value: true", "value: false",
      "must set the CSIDriver's spec.seLinuxMount to true"),
-    ("kubernetes/base/node.yaml", "command: [/usr/bin/ebs-csi-agent, pre-stop]", "command: [/bin/sleep, '30']",
+    (TEMPLATES + "_node.tpl", "command: [/usr/bin/ebs-csi-agent, pre-stop]", "command: [/bin/sleep, '30']",
      "preStop hook must run ebs-csi-agent pre-stop"),
-    ("kubernetes/base/node.yaml", "command: [/usr/bin/ebs-csi-agent, pre-stop]",
+    (TEMPLATES + "_node.tpl", "command: [/usr/bin/ebs-csi-agent, pre-stop]",
      "command: [/usr/bin/ebs-csi-agent, pre-stop, --wait]", "--wait is not a flag"),
     ("../docs/install-kubernetes.md", "Kubernetes ≥ 1.33", "Kubernetes ≥ 1.32",
      "Kubernetes 1.32: spec: Additional properties are not allowed ('nodeAllocatableUpdatePeriodSeconds'"),
-    ("kubernetes/base/node.yaml", "verbs: [get, patch]", "verbs: [get]", "and nothing else"),
-    ("kubernetes/base/node.yaml", "- serviceAccountToken:", "- secret:",
+    (TEMPLATES + "node-rbac.yaml", '"[get, patch]"', '"[get]"', "and nothing else"),
+    (TEMPLATES + "_node.tpl", "- serviceAccountToken:", "- secret:",
      "the agent mounts no token"),
-    ("kubernetes/base/node.yaml", "fieldPath: spec.nodeName", "fieldPath: metadata.name", "CSI_NODE_NAME"),
-    ("kubernetes/base/node.yaml", "              mountPath: /registration\n",
+    (TEMPLATES + "_node.tpl", "fieldPath: spec.nodeName", "fieldPath: metadata.name", "CSI_NODE_NAME"),
+    (TEMPLATES + "_node.tpl", "              mountPath: /registration\n",
      "              mountPath: /registration\n            - name: node-reader-token\n              mountPath: /t\n",
      "node-driver-registrar mounts a Kubernetes token"),
-    ("kubernetes/base/node.yaml", "image: ebs-csi\n          command: [/usr/bin/ebs-csi-agent, plugin-dir",
-     "image: busybox:1.37\n          command: [/usr/bin/ebs-csi-agent, plugin-dir", "image busybox:1.37 is neither"),
-    ("kubernetes/base/node.yaml", "plugin-dir, --uid=990", "plugin-dir, --owner=990", "--owner=990 is not a flag"),
-    ("kubernetes/base/node.yaml", "[/usr/bin/ebs-csi-agent, plugin-dir,", "[/usr/bin/ebs-csi-agent, chown,",
+    (TEMPLATES + "_node.tpl", 'image: {{ include "ebs-csi.image" (list $root.Values.image $root) }}',
+     "image: busybox:1.37", "image busybox:1.37 is neither"),
+    (TEMPLATES + "_node.tpl", "plugin-dir, --uid=990", "plugin-dir, --owner=990", "--owner=990 is not a flag"),
+    (TEMPLATES + "_node.tpl", "[/usr/bin/ebs-csi-agent, plugin-dir,", "[/usr/bin/ebs-csi-agent, chown,",
      "runs ebs-csi-agent chown"),
-    ("kubernetes/base/controller.yaml", "- --http-endpoint=0.0.0.0:9808", "- --health-port=9808", "deprecated"),
-    ("kubernetes/base/controller.yaml", "  replicas: 2", "  replicas: 2\n  paused: maybe", "paused"),
-    ("kubernetes/base/controller.yaml", "- --feature-gates=VolumeAttributesClass=true", "- --feature-gates=",
+    (TEMPLATES + "controller.yaml", "- --http-endpoint=0.0.0.0:9808", "- --health-port=9808", "deprecated"),
+    (TEMPLATES + "controller.yaml", "  replicas: {{ $c.replicaCount }}", "  replicas: 1\n  paused: maybe", "paused"),
+    (TEMPLATES + "controller.yaml", "- --feature-gates=VolumeAttributesClass=true", "- --feature-gates=",
      "csi-resizer: VolumeAttributesClass"),
-    ("kubernetes/base/controller.yaml", "Topology=true,VolumeAttributesClass=true", "Topology=true",
+    (TEMPLATES + "controller.yaml", "Topology=true,VolumeAttributesClass=true", "Topology=true",
      "csi-provisioner: VolumeAttributesClass"),
-    ("kubernetes/base/controller.yaml", "- --timeout=6m", "- --timeout=60s", "--timeout 60s"),
-    ("kubernetes/base/controller.yaml", "- --probe-timeout=60s", "- --probe-timeout=1s", "--probe-timeout 1s"),
-    ("kubernetes/base/controller.yaml", "timeoutSeconds: 60", "timeoutSeconds: 3", "timeoutSeconds 3"),
-    ("kubernetes/overlays/standard/helper-container.yaml", "privileged: true", "privileged: false",
+    (TEMPLATES + "controller.yaml", "- --timeout=6m", "- --timeout=60s", "--timeout 60s"),
+    (TEMPLATES + "controller.yaml", "- --probe-timeout=60s", "- --probe-timeout=1s", "--probe-timeout 1s"),
+    (TEMPLATES + "controller.yaml", "timeoutSeconds: 60", "timeoutSeconds: 3", "timeoutSeconds 3"),
+    (TEMPLATES + "_node.tpl", "privileged: true", "privileged: false",
      "ebs-csi-helper: is not privileged"),
-    ("kubernetes/overlays/standard/helper-container.yaml", "--allowed-uid=990", "--allowed-uid=0",
+    (TEMPLATES + "_node.tpl", "--allowed-uid=990", "--allowed-uid=0",
      "must allow uid and group"),
-    ("kubernetes/overlays/standard/helper-container.yaml", "hostPID: true", "hostPID: false",
+    (TEMPLATES + "_node.tpl", "hostPID: true", "hostPID: false",
      "the helper needs the node's PID namespace"),
-    ("kubernetes/overlays/hardened/helper-socket.yaml", "mountPath: /run/ebs-csi", "mountPath: /run/other",
+    (TEMPLATES + "_node.tpl", "mountPath: /run/ebs-csi", "mountPath: /run/other",
      "helper's socket directory"),
-    ("kubernetes/overlays/hardened/helper-socket.yaml", 'values: ["installed"]', 'values: ["yes"]',
-     "ebs.csi.aws.com/helper=installed"),
     ("kubernetes/examples/volumesnapshotclass.yaml", "deletionPolicy: Delete", "deletionPolicy: Keep",
      "deletionPolicy"),
     ("kubernetes/examples/storageclass.yaml", "provisioner: ebs.csi.aws.com", "provisioner: ebs.csi.aws.org",
@@ -905,16 +916,15 @@ BREAKS = [
     ("kubernetes/components/snapshot-metadata/snapshotmetadataservice.yaml", ".kube-system:6443", ".kube-system:443",
      "is not a Service port"),
     ("iam-policy.json", '"ebs:ListSnapshotBlocks", ', "", "does not grant ebs:ListSnapshotBlocks"),
-    ("../charts/aws-ebs-csi-driver/templates/_node.tpl", "runAsUser: 990", "runAsUser: 0", "runAsUser is 0"),
-    ("../charts/aws-ebs-csi-driver/templates/_node.tpl", "- --socket-group=990", "- --socket-group=0",
+    ("kubernetes/overlays/standard/chart.yaml", "  replicas: 2", "  replicas: 3", "run make kustomize"),
+    (TEMPLATES + "_node.tpl", "- --socket-group=990", "- --socket-group=0",
      "must allow uid and group"),
-    ("../charts/aws-ebs-csi-driver/templates/_node.tpl", "ebs.csi.aws.com/helper: installed", "helper: installed",
+    (TEMPLATES + "_node.tpl", "ebs.csi.aws.com/helper: installed", "helper: installed",
      "must require the node label"),
-    ("../charts/aws-ebs-csi-driver/templates/controller.yaml", "- --batching=", "- --batch=", "--batch="),
-    ("../charts/aws-ebs-csi-driver/templates/node-rbac.yaml", "[get, patch]", "[get, patch, delete]", "and nothing else"),
-    ("../charts/aws-ebs-csi-driver/values.schema.json", '"enableWindows": {\n', '"enableWindowsX": {\n',
+    (TEMPLATES + "controller.yaml", "- --batching=", "- --batch=", "--batch="),
+    (CHART + "values.schema.json", '"enableWindows": {\n', '"enableWindowsX": {\n',
      "/node/enableWindows"),
-    ("../charts/aws-ebs-csi-driver/values.yaml", "logLevel: 2\n  loggingFormat: text\n  # Override",
+    (CHART + "values.yaml", "logLevel: 2\n  loggingFormat: text\n  # Override",
      "logLevel: two\n  loggingFormat: text\n  # Override", "helm lint --strict"),
 ]
 
