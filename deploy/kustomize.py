@@ -23,22 +23,25 @@ RELEASE_LABEL = re.compile(r"^\s*(app\.kubernetes\.io/managed-by: Helm|app\.kube
                            re.MULTILINE)
 
 
-def rendered(deploy, overlay, helm):
-    """The chart.yaml `overlay` must have, from the chart beside `deploy`."""
+def arguments(deploy, overlay):
+    """helm's arguments that render `overlay` from the chart beside `deploy`:
+    `helm template` in kube-system for the chart's oldest Kubernetes."""
     chart = deploy.parent / "charts" / "aws-ebs-csi-driver"
     minimum = re.search(r'kubeVersion: ">=(\d+\.\d+)', (chart / "Chart.yaml").read_text()).group(1)
     values = deploy / "kubernetes" / "overlays" / overlay / "values.yaml"
-    text = subprocess.run(
-        [helm, "template", "ebs-csi", str(chart), "--namespace", "kube-system",
-         "--kube-version", f"{minimum}.0", "--values", str(values)],
-        check=True, capture_output=True, text=True,
-    ).stdout
-    return HEADER + RELEASE_LABEL.sub("", text)
+    return ["template", "ebs-csi", str(chart), "--namespace", "kube-system",
+            "--kube-version", f"{minimum}.0", "--values", str(values)]
+
+
+def chart_yaml(helm_output):
+    """The overlay's chart.yaml from helm's output."""
+    return HEADER + RELEASE_LABEL.sub("", helm_output)
 
 
 def main():
     for overlay in OVERLAYS:
-        (DEPLOY / "kubernetes" / "overlays" / overlay / "chart.yaml").write_text(rendered(DEPLOY, overlay, sys.argv[1]))
+        output = subprocess.run([sys.argv[1], *arguments(DEPLOY, overlay)], check=True, capture_output=True, text=True)
+        (DEPLOY / "kubernetes" / "overlays" / overlay / "chart.yaml").write_text(chart_yaml(output.stdout))
 
 
 if __name__ == "__main__":
