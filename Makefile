@@ -509,17 +509,20 @@ image: image-deps static sbom
 ## (deploy/package/build.py); packages: both, checked against each other
 ## and by lintian (deploy/package/check.py).
 PACKAGE_DIR := target/packages
+# The packages made before, by what they are made of (deploy/package/build.py),
+# beside this build's target directory: repro-check's build has its own.
+PACKAGE_CACHE := $(abspath $(TARGET_DIR))/package-cache
 PACKAGE_TOOLS := dpkg-dev lintian rpm
 package-deps:
 	$(call apt_install,$(PACKAGE_TOOLS))
 
 deb: package-deps static sbom
 	rm -f $(PACKAGE_DIR)/*.deb
-	python3 deploy/package/build.py deb $(STATIC_DIR) $(IMAGE_DIR) $(PACKAGE_DIR)
+	python3 deploy/package/build.py deb $(STATIC_DIR) $(IMAGE_DIR) $(PACKAGE_DIR) $(PACKAGE_CACHE)
 
 rpm: package-deps static sbom
 	rm -f $(PACKAGE_DIR)/*.rpm
-	python3 deploy/package/build.py rpm $(STATIC_DIR) $(IMAGE_DIR) $(PACKAGE_DIR)
+	python3 deploy/package/build.py rpm $(STATIC_DIR) $(IMAGE_DIR) $(PACKAGE_DIR) $(PACKAGE_CACHE)
 
 packages: deb rpm
 	python3 deploy/package/check.py $(PACKAGE_DIR)

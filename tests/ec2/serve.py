@@ -82,6 +82,7 @@ import socket
 
 import datetime
 import io
+import os
 import re
 import sys
 import threading
@@ -209,8 +210,8 @@ class Timeline:
         self.earlier_tags = {}
         # Per request thread: `on` while serve.py renders a volume for an
         # answer of its own; `action`, the EC2 action being served (moto
-        # makes volumes and snapshots of its own for its AMIs, which are
-        # there from the start).
+        # makes volumes of its own, an instance's root volume at
+        # RunInstances, which are there at once).
         self.revealing = threading.local()
         self.serving = threading.local()
 
@@ -906,6 +907,15 @@ def main():
     chaos = Chaos(args.seed, args.faults)
     print(f"serve.py: seed {args.seed}", file=sys.stderr, flush=True)
     keep_time(args.seed, args.lag, args.create, args.attach, args.detach)
+    # moto's default AMIs, off: they come with about 1,300 snapshots and
+    # 1,000 volumes of moto's own, which every DescribeSnapshots and
+    # DescribeVolumes walked and rendered (0.7 s of CPU for each
+    # DescribeSnapshots, which the attach simulator asks ten times a second:
+    # one core busy all through a test). No test needs an AMI: RunInstances
+    # takes any image id (moto checks none unless MOTO_ENABLE_AMI_VALIDATION
+    # is set) and gives the instance its root volume all the same. moto
+    # reads it when it makes a region's EC2 backend, at its first call.
+    os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = "false"
     app = DomainDispatcherApplication(create_backend_app)
     run_simple("127.0.0.1", args.port, middleware(app), threaded=True, request_handler=MotoRequestHandler)
 
