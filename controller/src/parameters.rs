@@ -162,11 +162,11 @@ pub struct SnapshotParameters {
 pub fn snapshot(parameters: &HashMap<String, String>) -> Result<SnapshotParameters, ControllerError> {
     let lower: HashMap<String, &String> = parameters.iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
     let field = |key: &str| lower.get(key).map(|v| (*v).clone()).unwrap_or_default();
-    let fields = HashMap::from([
+    let fields = [
         ("VolumeSnapshotName", field(SNAPSHOT_NAME)),
         ("VolumeSnapshotNamespace", field(SNAPSHOT_NAMESPACE)),
         ("VolumeSnapshotContentName", field(SNAPSHOT_CONTENT_NAME)),
-    ]);
+    ];
     let mut p = SnapshotParameters::default();
     for (key, value) in &lower {
         match key.as_str() {
@@ -204,11 +204,11 @@ pub fn snapshot(parameters: &HashMap<String, String>) -> Result<SnapshotParamete
 pub fn group_snapshot(parameters: &HashMap<String, String>) -> Result<Tags, ControllerError> {
     let lower: HashMap<String, &String> = parameters.iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
     let field = |key: &str| lower.get(key).map(|v| (*v).clone()).unwrap_or_default();
-    let fields = HashMap::from([
+    let fields = [
         ("VolumeGroupSnapshotName", field(GROUP_SNAPSHOT_NAME)),
         ("VolumeGroupSnapshotNamespace", field(GROUP_SNAPSHOT_NAMESPACE)),
         ("VolumeGroupSnapshotContentName", field(GROUP_SNAPSHOT_CONTENT_NAME)),
-    ]);
+    ];
     let mut tags = Tags::new();
     for (key, value) in &lower {
         match key.as_str() {
@@ -351,14 +351,15 @@ pub struct Mutation {
 }
 
 /// The template fields of a volume's tag specifications, from the
-/// sidecars' metadata keys (empty where a key is absent).
-fn volume_fields(lower: &HashMap<String, &String>) -> HashMap<&'static str, String> {
+/// sidecars' metadata keys (empty where a key is absent), in the order
+/// of the Go driver's struct.
+fn volume_fields(lower: &HashMap<String, &String>) -> [(&'static str, String); 3] {
     let field = |key: &str| lower.get(key).map(|v| (*v).clone()).unwrap_or_default();
-    HashMap::from([
+    [
         ("PVCName", field(PVC_NAME)),
         ("PVCNamespace", field(PVC_NAMESPACE)),
         ("PVName", field(PV_NAME)),
-    ])
+    ]
 }
 
 /// Parses ControllerModifyVolume's `mutable_parameters`: the Go driver's

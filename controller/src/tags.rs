@@ -1,8 +1,6 @@
 //! The tags the controller writes, the same as the Go driver's, and the
 //! `tagSpecification_N` / `tagDeletion_N` parameters with their templates.
 
-use std::collections::HashMap;
-
 use crate::ec2::Tags;
 use crate::error::ControllerError;
 use crate::template;
@@ -77,7 +75,7 @@ pub fn check_key(key: &str) -> Result<(), ControllerError> {
 /// # Errors
 /// INVALID_ARGUMENT for a value without `=`, a template that cannot be
 /// expanded, or a reserved key.
-pub fn parse_specification(value: &str, fields: &HashMap<&str, String>) -> Result<(String, String), ControllerError> {
+pub fn parse_specification(value: &str, fields: &[(&str, String)]) -> Result<(String, String), ControllerError> {
     let (key, value) = value
         .split_once('=')
         .ok_or_else(|| ControllerError::InvalidArgument(format!("tag specification {value:?} is not key=value")))?;
@@ -128,7 +126,7 @@ mod tests {
 
     #[test]
     fn expands_templates_and_refuses_reserved_keys() {
-        let fields = HashMap::from([("PVCName", "data".to_owned()), ("PVCNamespace", "shop".to_owned())]);
+        let fields = [("PVCName", "data".to_owned()), ("PVCNamespace", "shop".to_owned())];
         assert_eq!(
             parse_specification("owner={{ .PVCNamespace }}/{{.PVCName}}", &fields).unwrap(),
             ("owner".to_owned(), "shop/data".to_owned())
