@@ -150,7 +150,7 @@ image-deps:
 ## go-tools: the tests' Go programs, built with the machine's Go (1.26;
 ## DESIGN.md §11) into <target dir>/go/bin, the build cache beside them,
 ## outside the clone (a warm run builds nothing): tests/go's (its go.mod and
-## go.sum: a current grpc-go client, and csi-sanity v5.4.0 and helm v3.22.0
+## go.sum: a current grpc-go client, and csi-sanity v5.6.0 and helm v3.22.0
 ## as `tool`s),
 ## from the Go module proxy's modules,
 ## cached there too; and tests/grpc-go's kubelet-dial, against Debian's

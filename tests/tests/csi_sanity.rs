@@ -1,4 +1,4 @@
-//! The upstream CSI conformance suite, csi-test's csi-sanity (v5.4.0, from
+//! The upstream CSI conformance suite, csi-test's csi-sanity (v5.6.0, from
 //! the Go module proxy: `tests/go`, built by `make go-tools`), run as an
 //! external user runs it against the stack the demo runs: the controller on
 //! moto and `serve.py`, the attach simulator, the helper (root) and the
@@ -11,7 +11,11 @@
 //! reason the suite or moto gives; an excused spec that passes, or that the
 //! suite no longer has, fails the run, so the list only shrinks. Specs the
 //! suite skips for a capability the driver does not advertise, and those it
-//! disables itself (pending), are counted, not excused.
+//! disables itself (pending), are counted, not excused. (v5.4.0's first
+//! connection could wait its whole minute and fail a spec at random: its
+//! `utils.Connect` asked for the connection's state only after the
+//! connection could be ready, then waited for a change that never came;
+//! v5.6.0 asks first.)
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

@@ -42,6 +42,16 @@ securityContext:
 {{- end }}
 {{- end -}}
 
+{{/* The controller sidecars' client-side limits on their Kubernetes API
+calls, the reference chart's (client-go's own default, 5 and 10, throttles
+the sidecars of a busy cluster; ../shared/reviews/parity-go-driver.md, the
+sidecars' row). A sidecar's additionalArgs come after, and a flag given
+twice takes its last value. */}}
+{{- define "ebs-csi.kubeApiLimits" -}}
+- --kube-api-qps=20
+- --kube-api-burst=100
+{{- end -}}
+
 {{/* extraVolumeTags as the controller's --extra-tags: key=value,… in key
 order. */}}
 {{- define "ebs-csi.tags" -}}
