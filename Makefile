@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 APT_PACKAGES := e2fsprogs xfsprogs util-linux fdisk mount systemd python3-venv rsync \
-	golang-go golang-google-grpc-dev
+	golang-go golang-google-grpc-dev fuse3
 # Dependencies build without debug info (see Cargo.toml); two jobs fit the
 # machine's memory while the AWS SDK compiles.
 export CARGO_BUILD_JOBS ?= 2
@@ -20,6 +20,9 @@ GRPC_CLIENT_SPEC := grpcio>=1.60,<2
 PLOT_SPEC := matplotlib>=3.10,<4
 # The book's link check (make docs).
 DOCS_SPEC := linkchecker>=10.6,<11
+# A disk whose reads stall, on a FUSE filesystem (tests/fuse/stall.py; libfuse 3
+# from fuse3 in APT_PACKAGES).
+FUSE_SPEC := mfusepy>=3.1,<4
 VENV := .venv
 
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
@@ -166,7 +169,7 @@ go-tools: deps
 ## once per spec and Python outside the clone (beside the cargo cache, a
 ## directory named by their hash); .venv (git-ignored) links to it, so a
 ## fresh clone finds it installed.
-PYTHON_SPEC := $(MOTO_SPEC) $(VALIDATE_SPEC) $(GRPC_CLIENT_SPEC) $(PLOT_SPEC) $(DOCS_SPEC)
+PYTHON_SPEC := $(MOTO_SPEC) $(VALIDATE_SPEC) $(GRPC_CLIENT_SPEC) $(PLOT_SPEC) $(DOCS_SPEC) $(FUSE_SPEC)
 VENV_CACHE := $(abspath $(TARGET_DIR))/venv/$(shell { echo '$(PYTHON_SPEC)'; python3 --version; } | sha256sum | cut -c1-12)
 moto: $(VENV_CACHE)/.installed | deps
 	@test "$$(readlink $(VENV))" = $(VENV_CACHE) || { rm -rf $(VENV) && ln -s $(VENV_CACHE) $(VENV); }

@@ -1,29 +1,32 @@
-//! The devices being formatted right now.
+//! The devices busy beyond one request's lock.
 //!
 //! A format runs outside the handler's exclusive lock (so several volumes
 //! can be formatted at once); its device is claimed meanwhile, and every
 //! request that names a claimed device is refused with
 //! [`HelperError::InProgress`] rather than probing or mounting a
-//! half-written filesystem.
+//! half-written filesystem. The executor keeps a second set: devices with
+//! a read that outlived its request (a killed tool not yet ended, the
+//! blank proof's thread), on which no tool or proof starts until it ends.
 
 use std::collections::HashSet;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use ebs_csi_helper_proto::HelperError;
 
 /// A block device number: (major, minor).
 pub type DeviceNumber = (u32, u32);
 
-/// The set of claimed devices.
-#[derive(Debug, Default)]
+/// The set of claimed devices; clones share it.
+#[derive(Clone, Debug, Default)]
 pub struct Claims {
-    devices: Mutex<HashSet<DeviceNumber>>,
+    devices: Arc<(Mutex<HashSet<DeviceNumber>>, Condvar)>,
 }
 
-/// A claim on one device, released when dropped.
+/// A claim on one device, released when dropped (on any thread).
 #[derive(Debug)]
-pub struct Claim<'a> {
-    claims: &'a Claims,
+pub struct Claim {
+    claims: Claims,
     device: DeviceNumber,
 }
 
@@ -32,9 +35,12 @@ impl Claims {
     ///
     /// # Errors
     /// [`HelperError::InProgress`] when it is already claimed.
-    pub fn claim(&self, device: DeviceNumber, path: &str) -> Result<Claim<'_>, HelperError> {
+    pub fn claim(&self, device: DeviceNumber, path: &str) -> Result<Claim, HelperError> {
         if self.lock().insert(device) {
-            Ok(Claim { claims: self, device })
+            Ok(Claim {
+                claims: self.clone(),
+                device,
+            })
         } else {
             Err(in_progress(path))
         }
@@ -52,14 +58,32 @@ impl Claims {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<DeviceNumber>> {
-        self.devices.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Checks that `device` is not claimed, waiting at most `limit` for
+    /// its claim to be released.
+    ///
+    /// # Errors
+    /// [`HelperError::InProgress`] when it is still claimed then.
+    pub fn check_within(&self, device: DeviceNumber, path: &str, limit: Duration) -> Result<(), HelperError> {
+        let (_, released) = &*self.devices;
+        let (claimed, _) = released
+            .wait_timeout_while(self.lock(), limit, |claimed| claimed.contains(&device))
+            .unwrap_or_else(PoisonError::into_inner);
+        if claimed.contains(&device) {
+            Err(in_progress(path))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashSet<DeviceNumber>> {
+        self.devices.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-impl Drop for Claim<'_> {
+impl Drop for Claim {
     fn drop(&mut self) {
         self.claims.lock().remove(&self.device);
+        self.claims.devices.1.notify_all();
     }
 }
 

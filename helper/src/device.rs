@@ -26,11 +26,12 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use ebs_csi_helper_proto::{HelperError, VolumeId};
 use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
 
-use crate::claim::DeviceNumber;
+use crate::claim::{Claims, DeviceNumber};
 use crate::error::Operation;
 use crate::path::{AllowedRoots, fd_path};
 use crate::sys;
@@ -180,6 +181,12 @@ impl VerifiedDevice {
         }
     }
 
+    /// Whether this is the last handle on the open device: its drop then
+    /// closes the device.
+    pub fn is_last_handle(&self) -> bool {
+        Arc::strong_count(&self.file) == 1
+    }
+
     /// The error refusing this device for `reason`.
     pub fn refusal(&self, reason: Refusal) -> HelperError {
         refused(&self.path(), &self.volume_id, reason)
@@ -202,14 +209,22 @@ impl VerifiedDevice {
     }
 }
 
+/// How long [`verify`] waits for a device in its `stalled` set to leave
+/// it: the helper closes the device of a tool past its time limit within
+/// milliseconds of the request's end unless a read of it has stalled.
+const STALLED_WAIT: Duration = Duration::from_secs(1);
+
 /// Opens `device` and proves it is `volume_id` (docs/helper.md, "Device
 /// checks"):
 ///
 /// 1. `device` is `/dev/<name>` with `name` an NVMe namespace (`nvmeXnY`)
 ///    or loop device (`loopN`) name;
 /// 2. it opens with no symlink anywhere (`O_PATH`, `RESOLVE_NO_SYMLINKS`)
-///    as a block device node; only then is it opened for reading, through
-///    the same inode (`O_RDONLY | O_NONBLOCK | O_NOCTTY`);
+///    as a block device node; unless its number is in `stalled` for more
+///    than [`STALLED_WAIT`] (a read of it outlived its request, and its
+///    last close, which holds the disk's open mutex, waits for that read:
+///    an open would wait as long), it is then opened for reading, through the same inode (`O_RDONLY |
+///    O_NONBLOCK | O_NOCTTY`);
 /// 3. sysfs says the device number is a whole disk whose kernel name is
 ///    `name`;
 /// 4. an NVMe namespace's Identify Controller, read through the fd, has
@@ -223,17 +238,21 @@ impl VerifiedDevice {
 ///    not mounted in a namespace the helper cannot see, third audit A5).
 ///
 /// # Errors
-/// [`HelperError::DeviceRefused`] with the [`Refusal`] of the failed step.
+/// [`HelperError::DeviceRefused`] with the [`Refusal`] of the failed step,
+/// [`HelperError::InProgress`] when the device is in `stalled`.
 pub fn verify(
     volume_id: &VolumeId,
     device: &str,
     policy: &IdentityPolicy,
     roots: &AllowedRoots,
     mounts: &[MountEntry],
+    stalled: &Claims,
 ) -> Result<VerifiedDevice, HelperError> {
     let refuse = |reason| refused(device, volume_id, reason);
     let name = kernel_name_of(device).ok_or_else(|| refuse(Refusal::NotKernelName))?;
-    let (file, number) = open_block_device(device).ok_or_else(|| refuse(Refusal::NotBlockDevice))?;
+    let (node, number) = block_node(device).ok_or_else(|| refuse(Refusal::NotBlockDevice))?;
+    stalled.check_within(number, device, STALLED_WAIT)?;
+    let file = open_node(&node, number).ok_or_else(|| refuse(Refusal::NotBlockDevice))?;
     let sysfs = sysfs_dir(number);
     if sysfs.join("partition").exists() {
         return Err(refuse(Refusal::Partition));
@@ -319,15 +338,14 @@ pub(crate) fn refused(device: &str, volume_id: &VolumeId, reason: Refusal) -> He
     }
 }
 
-/// Step 2: the node at `device`, opened without following any symlink,
-/// must be a block device before it is opened for reading; then the same
-/// inode is opened through its `O_PATH` fd, so no FIFO, tty or watchdog is
-/// ever opened for I/O and nothing can be swapped in between.
-fn open_block_device(device: &str) -> Option<(OwnedFd, DeviceNumber)> {
-    let (node, number) = block_node(device)?;
+/// Step 2: the block device node [`block_node`] found, opened for reading
+/// through its `O_PATH` fd (the same inode, still device `number`), so no
+/// FIFO, tty or watchdog is ever opened for I/O and nothing can be swapped
+/// in between.
+fn open_node(node: &OwnedFd, number: DeviceNumber) -> Option<OwnedFd> {
     let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
-    let file = rustix::fs::openat(rustix::fs::CWD, fd_path(&node).as_str(), flags, Mode::empty()).ok()?;
-    (block_number(&file)? == number).then_some((file, number))
+    let file = rustix::fs::openat(rustix::fs::CWD, fd_path(node).as_str(), flags, Mode::empty()).ok()?;
+    (block_number(&file)? == number).then_some(file)
 }
 
 /// The node at `device`, opened `O_PATH` without following any symlink,
@@ -564,7 +582,7 @@ mod tests {
             ("/dev/loop987654", Refusal::NotBlockDevice),
             ("/dev/nvme98n1", Refusal::NotBlockDevice),
         ] {
-            let error = verify(&volume, device, &policy, &roots, &[]).unwrap_err();
+            let error = verify(&volume, device, &policy, &roots, &[], &Claims::default()).unwrap_err();
             assert_eq!(error, refused(device, &volume, reason), "{device}");
         }
     }

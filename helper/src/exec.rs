@@ -33,6 +33,7 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::process::{Pid, PidfdFlags, Signal};
 use seccompiler::BpfProgram;
 
+use crate::claim::{Claim, Claims};
 use crate::confine;
 use crate::device::VerifiedDevice;
 use crate::error::Operation;
@@ -156,6 +157,9 @@ pub struct Executor {
     jobs: mpsc::Sender<Job>,
     /// How long a tool may run (`--tool-timeout-seconds`).
     pub timeout: Duration,
+    /// Devices with a read that outlived its request (a killed tool not
+    /// yet ended, the blank proof): no tool starts on them.
+    pub stalled: Claims,
 }
 
 impl Executor {
@@ -163,7 +167,9 @@ impl Executor {
     /// tools run at once, later jobs wait in the queue. A tool still
     /// running after `timeout` is killed with its process group. Each tool
     /// runs as `ids` and installs `tool_filter` (the policy's `tools`
-    /// denylist) before it execs. Call it before installing the serving filter: the threads
+    /// denylist) before it execs. A tool killed past its time limit is
+    /// answered for at once and settled by a thread of its own, its device
+    /// claimed in `stalled` meanwhile. Call it before installing the serving filter: the threads
     /// stay outside it, so the tools get the denylist instead.
     ///
     /// # Errors
@@ -174,11 +180,12 @@ impl Executor {
         timeout: Duration,
         ids: ToolIds,
         tool_filter: Arc<BpfProgram>,
+        stalled: Claims,
     ) -> io::Result<Self> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let queue = Arc::new(Mutex::new(queue));
         for _ in 0..threads.max(1) {
-            let (queue, filter) = (Arc::clone(&queue), Arc::clone(&tool_filter));
+            let (queue, filter, stalled) = (Arc::clone(&queue), Arc::clone(&tool_filter), stalled.clone());
             // A thread cannot give its child what it does not hold (some
             // sandboxes withhold capabilities even from root): each tool gets
             // what it needs of what this thread has. The thread itself uses
@@ -191,16 +198,23 @@ impl Executor {
                     // while taking the next job, not while running it.
                     let next = queue.lock().unwrap_or_else(PoisonError::into_inner).recv();
                     let Ok(job) = next else { break };
-                    let result = execute(&job, timeout, ids, held, &filter);
+                    let (result, unreaped) = match start(&job, ids, held, &filter) {
+                        Ok(tool) => finish(&job, tool, timeout),
+                        Err(e) => (Err(e), None),
+                    };
                     // Closed before the answer: fd 3 may be a mount's root
                     // (xfs_growfs), and the caller may unmount next.
-                    let Job { fd3, reply, .. } = job;
-                    drop(fd3);
-                    let _ = reply.send(result);
+                    drop(job.fd3);
+                    // Claimed before the answer, so that a retry finds it.
+                    let unreaped = unreaped.map(|tool| (tool, stalled.claim(job.device.number, &job.device.path())));
+                    let _ = job.reply.send(result);
+                    if let Some((tool, claim)) = unreaped {
+                        settle(tool, job.device, claim.ok(), job.path);
+                    }
                 }
             })?;
         }
-        Ok(Self { jobs, timeout })
+        Ok(Self { jobs, timeout, stalled })
     }
 
     /// Runs `tool` with `args` on `target` (its fd 3, [`DEVICE_ARG`]) and
@@ -209,15 +223,18 @@ impl Executor {
     /// queue to the exit (`elapsed_ms`, a waiting turn included).
     ///
     /// # Errors
-    /// [`HelperError::DeviceRefused`] when the device changed before the
-    /// exec, [`HelperError::ToolFailed`] when the tool ran out of time,
-    /// [`HelperError::System`] when it is missing or cannot be started.
+    /// [`HelperError::InProgress`] when a read of the device by an earlier
+    /// request has not ended, [`HelperError::DeviceRefused`] when the
+    /// device changed before the exec, [`HelperError::ToolFailed`] when the
+    /// tool ran out of time, [`HelperError::System`] when it is missing or
+    /// cannot be started.
     pub fn run(&self, tool: Tool, args: &[&str], target: ToolTarget<'_>) -> Result<Output, HelperError> {
         let path = tool.path()?;
         let (device, fd3) = match target {
             ToolTarget::Device(device) => (device, device.fd()),
             ToolTarget::MountOf(device, mount_root) => (device, mount_root),
         };
+        self.stalled.check(device.number, &device.path())?;
         tracing::info!(tool = %path, ?args, device = ?device.path(), "exec");
         let fd3 = rustix::io::fcntl_dupfd_cloexec(fd3, 0).map_err(|e| Operation::Exec.failed(e))?;
         let (reply, answer) = mpsc::channel();
@@ -282,13 +299,8 @@ pub fn stderr_excerpt(stderr: &[u8]) -> String {
         .collect()
 }
 
-fn execute(
-    job: &Job,
-    timeout: Duration,
-    ids: ToolIds,
-    held: u64,
-    tool_filter: &Arc<BpfProgram>,
-) -> Result<Output, HelperError> {
+/// Verifies the device again and starts `job`'s tool, confined.
+fn start(job: &Job, ids: ToolIds, held: u64, tool_filter: &Arc<BpfProgram>) -> Result<Child, HelperError> {
     job.device.reverify()?;
     let mut command = Command::new(&job.path);
     command
@@ -310,8 +322,14 @@ fn execute(
         ruleset.as_ref().map(AsRawFd::as_raw_fd),
         Arc::clone(tool_filter),
     );
-    let starting = |e| Operation::Start(job.path.clone()).failed(e);
-    let mut child = command.spawn().map_err(starting)?;
+    command
+        .spawn()
+        .map_err(|e| Operation::Start(job.path.clone()).failed(e))
+}
+
+/// Waits for `child` at most `timeout` and kills its process group; reaps
+/// it when it ended in time, else returns it unreaped, for [`settle`].
+fn finish(job: &Job, mut child: Child, timeout: Duration) -> (Result<Output, HelperError>, Option<Child>) {
     let stdout = drain(child.stdout.take());
     let stderr = drain(child.stderr.take());
     let in_time = wait_for_exit(&child, timeout);
@@ -321,19 +339,46 @@ fn execute(
     // (third audit A7). Before the tool is reaped, so that the group's id,
     // its pid, cannot name another process's group yet.
     kill_group(&child);
-    let status = child.wait().map_err(|e| Operation::Wait(job.path.clone()).failed(e))?;
-    let output = Output {
-        status,
-        stdout: drained(&stdout, &job.path),
-        stderr: drained(&stderr, &job.path),
-    };
+    let waiting = |e| Operation::Wait(job.path.clone()).failed(e);
     match in_time {
-        Ok(true) => Ok(output),
-        Ok(false) => Err(HelperError::ToolFailed {
-            tool: job.path.clone(),
-            detail: format!("still running after {} s; killed", timeout.as_secs()),
-        }),
-        Err(e) => Err(Operation::Wait(job.path.clone()).failed(e)),
+        Ok(true) => {
+            let output = child.wait().map_err(waiting).map(|status| Output {
+                status,
+                stdout: drained(&stdout, &job.path),
+                stderr: drained(&stderr, &job.path),
+            });
+            (output, None)
+        }
+        Ok(false) => {
+            let detail = format!("still running after {} s; killed", timeout.as_secs());
+            let tool = job.path.clone();
+            (Err(HelperError::ToolFailed { tool, detail }), Some(child))
+        }
+        Err(e) => (Err(waiting(e)), Some(child)),
+    }
+}
+
+/// Settles a tool killed past its time limit, on a thread of its own,
+/// however long it takes: reaps it (a read of a device that does not
+/// answer can hold it where a kill does not end it; until reaped, its pid
+/// names its process group, which no other process can take); waits until
+/// `device` is the last handle on the device's file and closes it (a read
+/// it left stalled may hold a page of the device locked, and the last
+/// close of a block device waits for every such page, holding the disk's
+/// open mutex: `blkdev_flush_mapping`); then releases the device's
+/// `claim` in the executor's `stalled` set.
+fn settle(mut child: Child, device: VerifiedDevice, claim: Option<Claim>, tool: String) {
+    let settling = std::thread::Builder::new().spawn(move || {
+        let status = child.wait();
+        while !device.is_last_handle() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(device);
+        drop(claim);
+        tracing::info!(tool, ?status, "a tool killed past its time limit has ended");
+    });
+    if let Err(e) = settling {
+        tracing::warn!(error = %e, "cannot start a thread to settle a tool past its time limit");
     }
 }
 

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use ebs_csi_helper_proto::{FormatOptions, FsType, HelperError};
 
+use crate::claim::Claim;
 use crate::device::VerifiedDevice;
 use crate::error::Operation;
 use crate::exec::{self, DEVICE_ARG, Executor, Tool, ToolTarget};
@@ -80,15 +81,18 @@ pub fn probe(executor: &Executor, device: &VerifiedDevice) -> Result<Contents, H
     )?;
     interpret_blkid(&output, || {
         let size = device.size_bytes()?;
-        prove_zero_within(device, size, executor.timeout)
+        let claim = executor.stalled.claim(device.number, &device.path())?;
+        prove_zero_within(device, size, executor.timeout, claim)
             .map_err(|e| e.into_error(&device.volume_id.to_string(), &device.path()))
     })
 }
 
 /// [`prove_zero`] on a thread of its own, waited for at most `limit`: a
 /// device whose reads stall holds the operation lock no longer than a
-/// tool may run. The thread, blocked in a read, ends when the read does.
-fn prove_zero_within(device: &VerifiedDevice, size: u64, limit: Duration) -> Result<Contents, NotProven> {
+/// tool may run. The thread, blocked in a read, ends when the read does,
+/// and releases the device's `claim` then (no tool or proof starts on it
+/// meanwhile).
+fn prove_zero_within(device: &VerifiedDevice, size: u64, limit: Duration, claim: Claim) -> Result<Contents, NotProven> {
     let fd = device.fd().try_clone_to_owned().map_err(|e| NotProven::Unreadable {
         offset: 0,
         reason: e.to_string(),
@@ -98,7 +102,10 @@ fn prove_zero_within(device: &VerifiedDevice, size: u64, limit: Duration) -> Res
     let span = tracing::Span::current();
     std::thread::spawn(move || {
         let _request = span.enter();
-        let _ = answer.send(prove_zero(fd.as_fd(), size));
+        let verdict = prove_zero(fd.as_fd(), size);
+        drop(fd);
+        drop(claim);
+        let _ = answer.send(verdict);
     });
     proof
         .recv_timeout(limit)

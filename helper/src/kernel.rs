@@ -166,7 +166,7 @@ impl Kernel for Linux {
         roots: &AllowedRoots,
         mounts: &[MountEntry],
     ) -> Result<VerifiedDevice, HelperError> {
-        device::verify(volume_id, device, &self.policy, roots, mounts)
+        device::verify(volume_id, device, &self.policy, roots, mounts, &self.tools.stalled)
     }
 
     fn reverify(&self, device: &VerifiedDevice) -> Result<(), HelperError> {

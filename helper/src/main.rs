@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use ebs_csi_helper::claim::Claims;
 use ebs_csi_helper::device::IdentityPolicy;
 use ebs_csi_helper::exec::{Executor, ToolIds};
 use ebs_csi_helper::grow::Grower;
@@ -169,7 +170,8 @@ fn main() -> anyhow::Result<()> {
         uid: args.tool_uid,
         gid: args.tool_gid,
     };
-    let tools = Executor::start("tools", 1, tool_timeout, ids, Arc::clone(&tool_filter))
+    let stalled = Claims::default();
+    let tools = Executor::start("tools", 1, tool_timeout, ids, Arc::clone(&tool_filter), stalled.clone())
         .context("starting the executor threads")?;
     let formatter = Executor::start(
         "formatter",
@@ -177,6 +179,7 @@ fn main() -> anyhow::Result<()> {
         tool_timeout,
         ids,
         tool_filter,
+        stalled,
     )
     .context("starting the executor threads")?;
     let grower = Grower::start().context("starting the grower thread")?;

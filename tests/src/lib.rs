@@ -38,6 +38,7 @@ pub mod loopdev;
 pub mod moto;
 pub mod nomad;
 pub mod qemu;
+pub mod stall;
 pub mod trace;
 pub mod unreadable;
 

@@ -746,7 +746,7 @@ fn a_tool_past_its_time_limit_is_killed() {
         matches!(&result, Err(ClientError::Helper(e)) if *e == expected),
         "{result:?}"
     );
-    assert!(exited(mkfs), "the stopped mkfs was not killed");
+    wait_until("the stopped mkfs killed", Duration::from_secs(5), || exited(mkfs));
     assert!(!is_mounted(&staging));
     assert_eq!(helper.call(stage(A, &volume.device, &staging)).unwrap(), Reply::Done);
     assert!(is_mounted(&staging));

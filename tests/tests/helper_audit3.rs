@@ -4,19 +4,23 @@
 //! A3 and A10 are the handler's unit tests, `helper/src/handler/tests/binding.rs`;
 //! A4 and A5 are with the other devices in use, in `helper_audit.rs`; A7 is
 //! `helper_reaudit.rs`'s `a_process_a_tool_leaves_behind_ends_with_it`.)
+//! A12 is here, on a disk of the test's own FUSE filesystem.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     reason = "integration tests: a failed step fails the test"
 )]
 
+use std::ops::Range;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::process::Command;
 use std::time::Duration;
 
-use ebs_csi_helper_proto::FsType;
+use ebs_csi_helper_client::ClientError;
+use ebs_csi_helper_proto::{FsType, HelperError, Reply};
 use ebs_csi_tests::children::Killed;
+use ebs_csi_tests::stall::StalledFile;
 use ebs_csi_tests::{Helper, LoopVolume, Sandbox, is_mounted, require_root, stage_request, wait_until};
 
 /// A1 and A8 (E-L, E-S): a `blkid` taken over by a hostile image is root
@@ -192,4 +196,123 @@ fn the_tools_uid_is_neither_root_nor_the_agents_and_is_required() {
         assert!(stderr.ends_with(message), "{extra:?}: {stderr}");
         assert!(!socket.exists(), "{extra:?}");
     }
+}
+
+/// F7 with a read that hangs: blkid, whose read at 4 MiB (a prober's)
+/// never answers, is killed at `--tool-timeout-seconds` and the Stage
+/// answered, naming the tool, though the stalled read leaves a page of the
+/// disk locked and the disk's last close waits for it, holding the disk's
+/// open mutex (the helper closes it on a thread of its own); the disk is
+/// busy, and not opened, until then; every other volume is served.
+#[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, FUSE, the helper")]
+fn a_tool_whose_read_stalls_is_answered_for_at_the_time_limit() {
+    let stalled = (4 << 20)..(5 << 20);
+    let seen = assert_tool_killed_on_a_stalling_disk(FsType::Ext4, 64, &stalled, "blkid");
+    assert_only_stalled_reads(&seen, &stalled);
+}
+
+/// F7 with a write that hangs: `mkfs.xfs`, whose direct write of the
+/// second allocation group's headers (at 128 MiB of 512) never answers,
+/// waits where a kill cannot end it. The Stage is answered at the kill;
+/// the tool is reaped when its write ends; the disk is busy until then;
+/// every other volume is served.
+#[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, FUSE, the helper")]
+fn a_tool_a_kill_cannot_end_is_answered_for_and_reaped_later() {
+    let seen = assert_tool_killed_on_a_stalling_disk(FsType::Xfs, 512, &((128 << 20)..(129 << 20)), "mkfs.xfs");
+    assert!(seen.contains("stalled write 134217728\n"), "{seen}");
+}
+
+/// [`stage_on_a_stalling_disk`], whose Stage fails as `tool` (in
+/// `/usr/sbin`) is killed at the time limit and its retry as the disk is
+/// busy, until the helper has settled the tool; returns what the disk saw.
+fn assert_tool_killed_on_a_stalling_disk(fs_type: FsType, size_mib: u64, stalled: &Range<u64>, tool: &str) -> String {
+    let (device, first, retry, seen) = stage_on_a_stalling_disk(fs_type, size_mib, stalled, Some(SETTLED));
+    let tool = format!("/usr/sbin/{tool}");
+    let detail = "still running after 2 s; killed".to_owned();
+    assert_eq!(first, HelperError::ToolFailed { tool, detail });
+    assert_eq!(retry, HelperError::InProgress { device });
+    seen
+}
+
+/// A12: the blank proof, whose reads from 7 to 8 MiB never answer (blkid
+/// reads nothing there), holds the Stage no longer than
+/// `--tool-timeout-seconds`: it fails naming the volume and the limit; the
+/// disk is busy until the read ends; every other volume is served.
+#[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, FUSE, the helper")]
+fn a_blank_proof_whose_reads_stall_ends_at_the_time_limit() {
+    let stalled = (7 << 20)..(8 << 20);
+    let (device, first, retry, seen) = stage_on_a_stalling_disk(FsType::Ext4, 64, &stalled, None);
+    let expected = HelperError::System {
+        operation: format!("proving volume {STALLS} blank"),
+        detail: format!("{device}: the reads did not end within 2 s"),
+    };
+    assert_eq!(first, expected);
+    assert_eq!(retry, HelperError::InProgress { device });
+    assert_only_stalled_reads(&seen, &stalled);
+}
+
+/// The volume on the disk that stalls.
+const STALLS: &str = "vol-0a12a12a12a12a12a";
+/// What the helper logs when a tool it killed past its time limit has
+/// ended and it has closed its device (the last close, which waits for a
+/// stalled page).
+const SETTLED: &str = "a tool killed past its time limit has ended";
+
+/// Stages [`STALLS`] as `fs_type` on a loop device over a file of
+/// `size_mib` MiB of the test's FUSE filesystem whose reads and writes
+/// reaching into `stalled` never answer, with a 2 s tool time limit, then
+/// again; checks that nothing is mounted and that another volume's Stage
+/// is served meanwhile; then stops the disk's server (the stalled reads and
+/// writes fail) and waits for the helper to log `settled`, when given.
+/// Returns the device, both Stages' errors and what the disk saw
+/// ([`StalledFile::seen`]).
+fn stage_on_a_stalling_disk(
+    fs_type: FsType,
+    size_mib: u64,
+    stalled: &Range<u64>,
+    settled: Option<&str>,
+) -> (String, HelperError, HelperError, String) {
+    require_root();
+    const SERVED: &str = "vol-0b12b12b12b12b12b";
+    let sandbox = Sandbox::new();
+    // Dropped in this order's reverse: the disk's server stops first, which
+    // ends the stalled reads, so that the helper can exit and the loop
+    // device be detached.
+    let stalling;
+    let helper = Helper::start(&sandbox, &["--tool-timeout-seconds", "2"]);
+    let name = format!("{STALLS}.img");
+    let disk = StalledFile::mount(&sandbox.path().join("fuse"), &name, size_mib << 20, stalled.clone());
+    stalling = LoopVolume::attach_file(STALLS, disk.file());
+    let staging = sandbox.staging(STALLS);
+    let stage = || match helper.call(stage_request(STALLS, &stalling.device, &staging, fs_type, &[])) {
+        Err(ClientError::Helper(e)) => e,
+        other => panic!("{other:?}"),
+    };
+    let (first, retry) = (stage(), stage());
+    assert!(!is_mounted(&staging));
+    let served = LoopVolume::create(sandbox.path(), SERVED, 64);
+    let served_staging = sandbox.staging(SERVED);
+    let request = stage_request(SERVED, &served.device, &served_staging, FsType::Ext4, &[]);
+    assert_eq!(helper.call(request).unwrap(), Reply::Done);
+    assert!(is_mounted(&served_staging));
+    let seen = disk.seen();
+    drop(disk);
+    if let Some(line) = settled {
+        let log = || helper.process.log();
+        wait_until(line, Duration::from_secs(20), || log().contains(line));
+    }
+    (stalling.device.display().to_string(), first, retry, seen)
+}
+
+/// That the disk saw reads stall in `stalled` and nothing else: no write.
+fn assert_only_stalled_reads(seen: &str, stalled: &Range<u64>) {
+    let offsets: Vec<u64> = seen
+        .lines()
+        .filter_map(|l| l.strip_prefix("stalled read ")?.parse().ok())
+        .collect();
+    assert!(!offsets.is_empty() && offsets.len() == seen.lines().count(), "{seen}");
+    assert!(offsets.iter().all(|o| *o < stalled.end), "{seen}");
 }

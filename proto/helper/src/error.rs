@@ -83,8 +83,9 @@ pub enum HelperError {
         /// The limit.
         limit: u32,
     },
-    /// Another request is formatting this device right now; try again.
-    #[error("device {device} is being formatted by another request; try again")]
+    /// Another request is formatting this device right now, or a read of
+    /// it by an earlier request has not ended; try again.
+    #[error("device {device} is busy with another request (a format, or a read that has not ended); try again")]
     InProgress {
         /// The device path.
         device: String,

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use ebs_csi_helper::claim::Claims;
 use ebs_csi_helper::device::{self, IdentityPolicy};
 use ebs_csi_helper::layout::{Layout, Role};
 use ebs_csi_helper::mounts::MountTables;
@@ -218,7 +219,10 @@ fn helper_checks(scale: Scale) -> Vec<Row> {
         ),
         (
             "proving the device's identity and that the host does not use it",
-            time(&mut || drop(device::verify(&volume_id, &device, &policy, &roots, &mounts).expect("verified"))),
+            time(&mut || {
+                let verified = device::verify(&volume_id, &device, &policy, &roots, &mounts, &Claims::default());
+                drop(verified.expect("verified"));
+            }),
         ),
     ];
     checks
