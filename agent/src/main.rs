@@ -8,6 +8,7 @@ mod identity;
 mod limits;
 mod metadata;
 mod metrics;
+mod mount_prefix;
 mod node;
 mod plugin_dir;
 mod pre_stop;
@@ -20,6 +21,7 @@ mod taint;
 use ebs_csi_proto::endpoint::LoggingFormat;
 use ebs_csi_proto::go_flags::GoDriverFlags;
 use ebs_csi_proto::metrics_http::{self, MetricsFlags};
+use ebs_csi_proto::version::VersionFlag;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -29,16 +31,17 @@ use clap::{Parser, Subcommand};
 use crate::discovery::DeviceFinder;
 use crate::helper::Helper;
 use crate::identity::IdentityService;
-use crate::limits::LimitSettings;
+use crate::limits::{LimitSettings, XenInstance};
 use crate::metadata::kubernetes::NodeApi;
-use crate::metadata::{Found, Settings, Source};
+use crate::metadata::{Found, NodeMetadata, Settings, Source};
 use crate::metrics::NodeMetrics;
+use crate::mount_prefix::MountPointPrefix;
 use crate::node::NodeService;
 
 /// The CSI Node service for Amazon EBS. Runs without privilege: every
 /// mount, format and resize is done by ebs-csi-helper.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(disable_version_flag = true)]
 struct Args {
     /// CSI endpoint to serve.
     #[arg(long, default_value = "unix:///csi/csi.sock", env = "CSI_ENDPOINT")]
@@ -99,9 +102,16 @@ struct Args {
     /// Prometheus metrics: EBS performance statistics of the node's volumes.
     #[command(flatten)]
     metrics: MetricsFlags,
+    /// Report the statistics only of volumes mounted beneath this path (as
+    /// the Go driver's flag; default: of every EBS volume).
+    #[arg(long, value_parser = |p: &str| Ok::<_, String>(MountPointPrefix::new(p)))]
+    csi_mount_point_prefix: Option<MountPointPrefix>,
     /// klog's and other flags of the Go driver's manifests, ignored.
     #[command(flatten)]
     go_driver: GoDriverFlags,
+    /// `--version`, answered as the Go driver answers it.
+    #[command(flatten)]
+    version: VersionFlag,
     /// Log format: `text` (plain lines) or `json` (one object per line).
     #[arg(long, default_value = "text", value_parser = LoggingFormat::parse)]
     logging_format: LoggingFormat,
@@ -149,14 +159,26 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    args.version.answer_if_asked();
     ebs_csi_proto::endpoint::init_logging(args.logging_format, args.v, &[]);
     args.go_driver.warn();
-    match &args.command {
-        Some(Command::Devices) => {
-            print!("{}", devices::table(&devices::list(&args.sys_dir, &args.dev_dir)));
-            return Ok(());
-        }
-        Some(Command::PreStop { timeout_seconds }) => {
+    // 1. A command: do it and exit.
+    if let Some(command) = &args.command {
+        return run(command, &args).await;
+    }
+    // 2. The node's facts: its metadata (the flags, then the metadata
+    //    sources) and its attachment limit.
+    let node = Node::find(&args).await?;
+    // 3. The helper's client and the metrics endpoint; 4. the Node service,
+    //    the start-up taint removed once it and the helper answer.
+    serve(args, node).await
+}
+
+/// Runs a one-shot `command`.
+async fn run(command: &Command, args: &Args) -> anyhow::Result<()> {
+    match command {
+        Command::Devices => print!("{}", devices::table(&devices::list(&args.sys_dir, &args.dev_dir))),
+        Command::PreStop { timeout_seconds } => {
             if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
                 tracing::info!("pre-stop: not on Kubernetes (KUBERNETES_SERVICE_HOST is not set); nothing to wait for");
                 return Ok(());
@@ -165,40 +187,76 @@ async fn main() -> anyhow::Result<()> {
             pre_stop::run(&api, timeout_seconds.map(Duration::from_secs))
                 .await
                 .context("pre-stop")?;
-            return Ok(());
         }
-        Some(Command::PluginDir { path, uid, gid }) => {
-            return plugin_dir::give(path, *uid, *gid)
-                .with_context(|| format!("giving {} to {uid}:{gid}", path.display()));
+        Command::PluginDir { path, uid, gid } => {
+            plugin_dir::give(path, *uid, *gid).with_context(|| format!("giving {} to {uid}:{gid}", path.display()))?
         }
-        _ => {}
+        Command::Metadata => println!("{}", Node::find(args).await?.summary()),
     }
-    let flags = Found {
-        instance_id: args.node_id,
-        availability_zone: args.availability_zone,
-        availability_zone_id: args.availability_zone_id,
-        instance_type: args.instance_type,
-        ..Found::default()
-    };
-    let settings = Settings {
-        sources: args.metadata_sources,
-        service_account_dir: args.service_account_dir.clone(),
-        dmi_dir: args.sys_dir.join("class/dmi/id"),
-    };
-    let metadata = metadata::resolve(flags, &settings).await.context("node metadata")?;
-    let limit = LimitSettings {
-        fixed: args.volume_attach_limit,
-        reserved: args.reserved_volume_attachments.unwrap_or(1 + metadata.boot_volumes),
-    };
-    let max_volumes = limit.max_volumes(&metadata.instance_type, metadata.network_interfaces.unwrap_or(1));
-    if let Some(Command::Metadata) = args.command {
-        let max_volumes = max_volumes.map_or_else(|e| e.to_string(), |n| n.to_string());
-        println!(
+    Ok(())
+}
+
+/// What the agent reports of its node.
+struct Node {
+    metadata: NodeMetadata,
+    limit: LimitSettings,
+    /// The volumes it may hold, or why NodeGetInfo fails.
+    max_volumes: Result<u32, XenInstance>,
+}
+
+impl Node {
+    /// The flags' facts, completed from the metadata sources, and the
+    /// attachment limit for the instance type they give.
+    async fn find(args: &Args) -> anyhow::Result<Self> {
+        let flags = Found {
+            instance_id: args.node_id.clone(),
+            availability_zone: args.availability_zone.clone(),
+            availability_zone_id: args.availability_zone_id.clone(),
+            instance_type: args.instance_type.clone(),
+            ..Found::default()
+        };
+        let settings = Settings {
+            sources: args.metadata_sources.clone(),
+            service_account_dir: args.service_account_dir.clone(),
+            dmi_dir: args.sys_dir.join("class/dmi/id"),
+        };
+        let metadata = metadata::resolve(flags, &settings).await.context("node metadata")?;
+        let limit = LimitSettings {
+            fixed: args.volume_attach_limit,
+            reserved: args.reserved_volume_attachments.unwrap_or(1 + metadata.boot_volumes),
+        };
+        let max_volumes = limit.max_volumes(&metadata.instance_type, metadata.network_interfaces.unwrap_or(1));
+        Ok(Self {
+            metadata,
+            limit,
+            max_volumes,
+        })
+    }
+
+    /// `ebs-csi-agent metadata`'s answer: a line per fact, name and value
+    /// separated by a tab.
+    fn summary(&self) -> String {
+        let max_volumes = self
+            .max_volumes
+            .as_ref()
+            .map_or_else(ToString::to_string, ToString::to_string);
+        let m = &self.metadata;
+        format!(
             "instance id\t{}\navailability zone\t{}\ninstance type\t{}\nmax volumes\t{max_volumes}",
-            metadata.instance_id, metadata.availability_zone, metadata.instance_type
-        );
-        return Ok(());
+            m.instance_id, m.availability_zone, m.instance_type
+        )
     }
+}
+
+/// Serves the CSI Identity and Node services on `--endpoint` for `node`,
+/// with the metrics endpoint when `--http-endpoint` is given, until the
+/// process is stopped.
+async fn serve(args: Args, node: Node) -> anyhow::Result<()> {
+    let Node {
+        metadata,
+        limit,
+        max_volumes,
+    } = node;
     if let Err(e) = &max_volumes {
         tracing::error!(error = %e, "NodeGetInfo will fail: kubelet does not register the driver on this node");
     }
@@ -206,7 +264,8 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(node_id = %metadata.instance_id, zone = %metadata.availability_zone, instance_type = %metadata.instance_type, max_volumes = max_volumes.as_ref().ok(), "node");
     let helper = Helper::new(args.helper_socket, Duration::from_secs(args.helper_timeout_seconds));
     if args.metrics.http_endpoint.is_some() {
-        let metrics = NodeMetrics::new(helper.clone(), args.sys_dir.clone(), metadata.instance_id.clone())?;
+        let (sys_dir, instance_id) = (args.sys_dir.clone(), metadata.instance_id.clone());
+        let metrics = NodeMetrics::new(helper.clone(), sys_dir, instance_id, args.csi_mount_point_prefix)?;
         metrics_http::start(&args.metrics, move || {
             let metrics = metrics.clone();
             async move { metrics.render().await }
@@ -215,13 +274,8 @@ async fn main() -> anyhow::Result<()> {
         .context("--http-endpoint")?;
     }
     let finder = DeviceFinder::new(args.dev_dir, args.sys_dir, !args.device_poll_only);
-    let node = NodeService::new(
-        helper.clone(),
-        finder,
-        metadata,
-        limit,
-        Duration::from_secs(args.device_wait_seconds),
-    );
+    let wait = Duration::from_secs(args.device_wait_seconds);
+    let node = NodeService::new(helper.clone(), finder, metadata, limit, wait);
     let (info_answered, helper_answers) = (node.info_answered(), helper.clone());
     taint::remove_when_ready(args.service_account_dir, async move {
         info_answered.await;

@@ -9,18 +9,22 @@
 //! EBS controller, e.g. QEMU's) or that the helper refuses (the root
 //! volume, in use by the host) has no series and is not an error;
 //! anything else counts in `aws_ebs_csi_nvme_collector_errors_total`.
+//! With `--csi-mount-point-prefix`, only the volumes mounted beneath it
+//! are reported, as the Go driver does ([`MountPointPrefix`]).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use ebs_csi_helper_client::ClientError;
 use ebs_csi_helper_proto::{HelperError, PerformanceStatisticsRequest, VolumeId};
+use ebs_csi_linux::mountinfo;
 use prometheus::proto::{Bucket, Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, Opts, Registry, TextEncoder};
 
 use crate::discovery;
 use crate::error::NodeError;
 use crate::helper::Helper;
+use crate::mount_prefix::{self, MountPointPrefix};
 use crate::statistics::{self, Bin, Statistics};
 
 /// Microseconds in a second: the page's times are in microseconds.
@@ -38,6 +42,7 @@ pub struct NodeMetrics {
     helper: Helper,
     sys_dir: PathBuf,
     instance_id: String,
+    prefix: Option<MountPointPrefix>,
     registry: Registry,
     scrapes: IntCounter,
     errors: IntCounter,
@@ -46,11 +51,17 @@ pub struct NodeMetrics {
 
 impl NodeMetrics {
     /// The metrics of node `instance_id`, whose NVMe controllers are in
-    /// `sys_dir`, read through `helper`.
+    /// `sys_dir`, read through `helper`: of every EBS volume, or of those
+    /// mounted beneath `prefix` when given.
     ///
     /// # Errors
     /// A registration error (never for these fixed names).
-    pub fn new(helper: Helper, sys_dir: PathBuf, instance_id: String) -> prometheus::Result<Self> {
+    pub fn new(
+        helper: Helper,
+        sys_dir: PathBuf,
+        instance_id: String,
+        prefix: Option<MountPointPrefix>,
+    ) -> prometheus::Result<Self> {
         let registry = Registry::new_custom(None, Some([("instance_id".to_owned(), instance_id.clone())].into()))?;
         let scrapes = IntCounter::with_opts(Opts::new(
             "aws_ebs_csi_nvme_collector_scrapes_total",
@@ -74,6 +85,7 @@ impl NodeMetrics {
             helper,
             sys_dir,
             instance_id,
+            prefix,
             registry,
             scrapes,
             errors,
@@ -85,17 +97,7 @@ impl NodeMetrics {
     pub async fn render(&self) -> String {
         self.scrapes.inc();
         let started = Instant::now();
-        let mut volumes = Vec::new();
-        for controller in discovery::nvme_controllers(&self.sys_dir) {
-            let (Some(volume_id), Some(namespace)) =
-                (VolumeId::from_nvme_serial(&controller.serial), controller.namespace)
-            else {
-                continue;
-            };
-            if let Some(statistics) = self.read(&volume_id, format!("/dev/{namespace}")).await {
-                volumes.push((volume_id.to_string(), statistics));
-            }
-        }
+        let volumes = self.volumes().await;
         self.duration.observe(started.elapsed().as_secs_f64());
         let mut families = self.registry.gather();
         families.extend(volume_families(&self.instance_id, &volumes));
@@ -104,6 +106,37 @@ impl NodeMetrics {
             tracing::warn!(error = %e, "encoding the metrics");
         }
         String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// Each reported volume's id and statistics. With a prefix, a mount
+    /// table that cannot be read is an error, and no volume is reported.
+    async fn volumes(&self) -> Vec<(String, Statistics)> {
+        let mounts = match self.prefix.as_ref().map(|_| mountinfo::read()).transpose() {
+            Ok(mounts) => mounts,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the mount table for --csi-mount-point-prefix");
+                self.errors.inc();
+                return Vec::new();
+            }
+        };
+        let mut volumes = Vec::new();
+        for controller in discovery::nvme_controllers(&self.sys_dir) {
+            let (Some(volume_id), Some(namespace)) =
+                (VolumeId::from_nvme_serial(&controller.serial), controller.namespace)
+            else {
+                continue;
+            };
+            if let (Some(prefix), Some(mounts)) = (&self.prefix, &mounts) {
+                let number = mount_prefix::device_number(&self.sys_dir, &namespace);
+                if !prefix.holds(mounts, &namespace, number) {
+                    continue;
+                }
+            }
+            if let Some(statistics) = self.read(&volume_id, format!("/dev/{namespace}")).await {
+                volumes.push((volume_id.to_string(), statistics));
+            }
+        }
+        volumes
     }
 
     /// The statistics of `volume_id` on `device`; `None` when it has none

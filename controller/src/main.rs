@@ -15,6 +15,7 @@ mod volume_type;
 use ebs_csi_proto::endpoint::LoggingFormat;
 use ebs_csi_proto::go_flags::GoDriverFlags;
 use ebs_csi_proto::metrics_http::{self, MetricsFlags};
+use ebs_csi_proto::version::VersionFlag;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,7 +41,7 @@ use crate::snapshot_metadata::blocks::SdkBlocks;
 /// The CSI Controller service for Amazon EBS (flag names follow the Go
 /// driver's where they exist).
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(disable_version_flag = true)]
 struct Args {
     /// CSI endpoint to serve.
     #[arg(
@@ -95,6 +96,9 @@ struct Args {
     /// klog's and other flags of the Go driver's manifests, ignored.
     #[command(flatten)]
     go_driver: GoDriverFlags,
+    /// `--version`, answered as the Go driver answers it.
+    #[command(flatten)]
+    version: VersionFlag,
 }
 
 /// Parses `2s`, `500ms` or a number of seconds.
@@ -115,6 +119,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    args.version.answer_if_asked();
     let sdk_debug: &[&str] = if args.aws_sdk_debug_log {
         &["aws_smithy_runtime=debug", "aws_sdk_ec2=debug", "aws_config=debug"]
     } else {

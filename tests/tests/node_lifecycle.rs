@@ -787,11 +787,7 @@ async fn volumes_that_cannot_exist_are_not_found() {
         object["fields"]["latency_ms"].is_f64(),
         "the latency is not a number: {line}"
     );
-    for flag in [
-        "--logtostderr=true",
-        "--kubeconfig=/root/.kube/config",
-        "--csi-mount-point-prefix=/var/lib/kubelet",
-    ] {
+    for flag in ["--logtostderr=true", "--kubeconfig=/root/.kube/config"] {
         assert!(
             log.lines()
                 .any(|l| l.contains(r#""level":"WARN""#) && l.contains(&format!(r#""flag":"{flag}""#))),

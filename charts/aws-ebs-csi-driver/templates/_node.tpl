@@ -142,6 +142,8 @@ spec:
             {{- if $n.enableMetrics }}
             - --http-endpoint=0.0.0.0:3302
             {{- end }}
+            {{- /* The reference chart's: statistics of the staged filesystems only. */}}
+            - --csi-mount-point-prefix={{ $kubelet }}/plugins/kubernetes.io/csi/ebs.csi.aws.com/
             - --logging-format={{ $n.loggingFormat }}
             - --v={{ ternary 7 $n.logLevel $root.Values.debugLogs }}
             {{- range $n.additionalArgs }}

@@ -1,9 +1,8 @@
 //! Flags the Go driver's manifests and Helm chart still pass that mean
 //! nothing here: klog's (k8s.io/klog/v2 `InitFlags`), Kubernetes
 //! component-base's logging flags besides `--logging-format` and `-v`,
-//! `--kubeconfig`, and three of the Go driver's own options (`--warn-on-
-//! invalid-tag`, `--csi-mount-point-prefix`, `--enable-otel-tracing`,
-//! `pkg/driver/options.go`). A cluster switching drivers keeps its
+//! `--kubeconfig`, and two of the Go driver's own options (`--warn-on-
+//! invalid-tag`, `--enable-otel-tracing`, `pkg/driver/options.go`). A cluster switching drivers keeps its
 //! manifests: each is accepted, hidden from `--help`, and named in a warning
 //! at start with why it has no effect here, never a start-up failure.
 
@@ -71,11 +70,6 @@ const IGNORED: &[Ignored] = &[
         "warn-on-invalid-tag",
         false,
         "an invalid tag is refused (INVALID_ARGUMENT) whatever it says",
-    ),
-    option(
-        "csi-mount-point-prefix",
-        true,
-        "the NVMe statistics cover every EBS volume the helper proves, whatever its mount point",
     ),
     option(
         "enable-otel-tracing",
@@ -173,7 +167,6 @@ mod tests {
             "/root/.kube/config",
             "--stderrthreshold=2",
             "--warn-on-invalid-tag",
-            "--csi-mount-point-prefix=/var/lib/kubelet/pods",
             "--enable-otel-tracing=true",
         ])
         .unwrap();
@@ -188,12 +181,11 @@ mod tests {
                 "--stderrthreshold=2",
                 "--kubeconfig=/root/.kube/config",
                 "--warn-on-invalid-tag=true",
-                "--csi-mount-point-prefix=/var/lib/kubelet/pods",
                 "--enable-otel-tracing=true",
             ]
         );
         assert_eq!(cli.go.given[0].1, LOGGING);
-        assert!(cli.go.given[7].1.contains("OpenTelemetry"));
+        assert!(cli.go.given[6].1.contains("OpenTelemetry"));
     }
 
     #[test]
