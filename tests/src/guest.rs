@@ -58,16 +58,24 @@ pub fn find_controller(serial: &str) -> Option<PathBuf> {
 }
 
 /// The `/dev` nodes of the controller and first namespace with `serial`,
-/// once both exist, polling every millisecond up to `timeout`.
+/// once the namespace's node is the disk sysfs names (its device number)
+/// and opens, polling every millisecond up to `timeout`. Its node existing
+/// is not enough: the kernel shows a disk in sysfs before it can be opened
+/// (`add_disk`: `device_add`, then `bdev_add`; an open between them is
+/// ENXIO), and a hot-plugged controller can take a name whose old node is
+/// not gone yet.
 pub fn wait_for_disk(serial: &str, timeout: Duration) -> Option<(PathBuf, PathBuf)> {
     let deadline = Instant::now() + timeout;
+    let is_ready = |name: &str, namespace: &Path| {
+        let sysfs = std::fs::read_to_string(format!("/sys/block/{name}n1/dev")).ok();
+        let node = device_number(namespace).map(|(major, minor)| format!("{major}:{minor}"));
+        sysfs.is_some_and(|number| Some(number.trim().to_owned()) == node) && std::fs::File::open(namespace).is_ok()
+    };
     loop {
         let found = find_controller(serial).and_then(|sys| {
             let name = sys.file_name()?.to_str()?.to_owned();
             let namespace = PathBuf::from(format!("/dev/{name}n1"));
-            namespace
-                .exists()
-                .then(|| (PathBuf::from(format!("/dev/{name}")), namespace))
+            is_ready(&name, &namespace).then(|| (PathBuf::from(format!("/dev/{name}")), namespace))
         });
         if found.is_some() || Instant::now() >= deadline {
             return found;
