@@ -661,8 +661,10 @@ def condition_holds(operator, values, tags, request_tags):
     return True
 
 
-def allows(statements, action, tags, request_tags=None):
-    arn = "arn:aws:ec2:us-east-1:111122223333:volume/vol-0123456789abcdef0"
+VOLUME_ARN = "arn:aws:ec2:us-east-1:111122223333:volume/vol-0123456789abcdef0"
+
+
+def allows(statements, action, tags, request_tags=None, arn=VOLUME_ARN):
     return any(
         s["Effect"] == "Allow"
         and f"ec2:{action}" in listed(s["Action"])
@@ -699,12 +701,83 @@ def check_iam_covers_the_controller():
                 fail("iam-policy.json", f"does not grant {prefix}:{action}, which the controller calls")
 
 
+# Snapshots the controller meets, by their tags: its own, the Go driver's
+# before the cluster tag (CSIVolumeSnapshotName only), one shared from
+# another account (its owner's tags are not this account's to test), and
+# one AWS Backup made (whatever tags its plan copied, never the cluster's).
+SNAPSHOT_TAGS = {
+    "ebs-csi": {"ebs.csi.aws.com/cluster": "true", "CSIVolumeSnapshotName": "snapcontent-1"},
+    "go-driver-0.x": {"CSIVolumeSnapshotName": "snapcontent-2"},
+    "shared": {},
+    "aws-backup": {"Name": "nightly"},
+}
+# The tags every volume and snapshot the controller creates carries
+# (controller/src/tags.rs `common`).
+NEW_VOLUME = {"ebs.csi.aws.com/cluster": "true", "CSIVolumeName": "pvc-3"}
+NEW_SNAPSHOT = {"ebs.csi.aws.com/cluster": "true", "CSIVolumeSnapshotName": "snapcontent-3"}
+# A resource a request creates has no id yet: IAM sees its type's ARN with
+# `*` for the id (EC2 User Guide, "Resource-level permissions": e.g.
+# CreateVolume's `arn:aws:ec2:region:account:volume/*`); a snapshot's ARN
+# has no account.
+NEW_VOLUME_ARN = "arn:aws:ec2:us-east-1:111122223333:volume/*"
+SNAPSHOT_ARN = "arn:aws:ec2:us-east-1::snapshot/snap-0123456789abcdef0"
+NEW_SNAPSHOT_ARN = "arn:aws:ec2:us-east-1::snapshot/*"
+INSTANCE_ARN = "arn:aws:ec2:us-east-1:111122223333:instance/i-0123456789abcdef0"
+
+
+def authorized(statements, action, sources, created, request_tags):
+    """Whether IAM lets `action` read `sources` ((ARN, tags) pairs) and
+    create `created` (ARNs) with `request_tags`: every resource a request
+    names must be allowed (the Service Authorization Reference lists, for
+    CreateSnapshot, the volume and the snapshot; CreateSnapshots, the
+    instance, its volumes and the snapshots; CreateVolume, the snapshot and
+    the volume; CopyVolumes, both volumes). A request's tags are condition
+    keys of what it creates only: aws:RequestTag is absent when IAM
+    authorizes a resource the request reads (why EC2's examples of tag
+    conditions on RunInstances name the new instance and volumes alone)."""
+    return all(allows(statements, action, tags, {}, arn) for arn, tags in sources) and all(
+        allows(statements, action, {}, request_tags, arn) for arn in created
+    )
+
+
+def check_iam_snapshots_and_restores(name, statements):
+    """A snapshot or clone of any volume, and a restore of any snapshot,
+    as the Go driver's policy allows (its docs/example-iam-policy.json:
+    CreateSnapshot on any volume, CopyVolumes from any `vol-*`, CreateVolume
+    from any snapshot), each only into a volume or snapshot with the
+    cluster's tag."""
+    requests = [
+        (f"a snapshot of a volume of {kind}", "CreateSnapshot", [(VOLUME_ARN, tags)], [NEW_SNAPSHOT_ARN], NEW_SNAPSHOT)
+        for kind, tags in VOLUME_TAGS.items()
+    ]
+    requests += [
+        (f"a group snapshot of a volume of {kind}", "CreateSnapshots", [(INSTANCE_ARN, {}), (VOLUME_ARN, tags)],
+         [NEW_SNAPSHOT_ARN], NEW_SNAPSHOT)
+        for kind, tags in VOLUME_TAGS.items()
+    ]
+    requests += [
+        (f"a clone of a volume of {kind}", "CopyVolumes", [(VOLUME_ARN, tags)], [NEW_VOLUME_ARN], NEW_VOLUME)
+        for kind, tags in VOLUME_TAGS.items()
+    ]
+    requests += [
+        (f"a restore of a snapshot of {kind}", "CreateVolume", [(SNAPSHOT_ARN, tags)], [NEW_VOLUME_ARN], NEW_VOLUME)
+        for kind, tags in SNAPSHOT_TAGS.items()
+    ]
+    for what, action, sources, created, tags in requests:
+        if not authorized(statements, action, sources, created, tags):
+            fail(name, f"denies {what} ({action})")
+        untagged = {k: v for k, v in tags.items() if k != "ebs.csi.aws.com/cluster"}
+        if authorized(statements, action, sources, created, untagged):
+            fail(name, f"allows {what} ({action}) without the tag ebs.csi.aws.com/cluster=true")
+
+
 def check_iam():
     check_iam_covers_the_controller()
     check_iam_allows_the_iops_dry_run()
     base = json.loads((DEPLOY / "iam-policy.json").read_text())["Statement"]
     for name, expected in ALLOWED.items():
         statements = base if name == "iam-policy.json" else base + json.loads((DEPLOY / name).read_text())["Statement"]
+        check_iam_snapshots_and_restores(name, statements)
         for kind, tags in VOLUME_TAGS.items():
             for action in ACTIONS:
                 allowed = allows(statements, action, tags)
@@ -901,6 +974,16 @@ BREAKS = [
      "denies the IOPS dry run"),
     ("iam-policy.json", '{"StringEquals": {"aws:RequestTag/ebs.csi.aws.com/cluster": "true"}}', '{}',
      "allows CreateVolume without the tag"),
+    ("iam-policy.json", '"Action": ["ec2:CreateSnapshot", "ec2:CreateSnapshots"],\n      "Resource": "arn:aws:ec2:*:*:volume/*"',
+     '"Action": ["ec2:CreateSnapshot", "ec2:CreateSnapshots"],\n      "Resource": "arn:aws:ec2:*:*:volume/*",\n'
+     '      "Condition": {"StringEquals": {"aws:ResourceTag/ebs.csi.aws.com/cluster": "true"}}',
+     "denies a snapshot of a volume of static (CreateSnapshot)"),
+    ("iam-policy.json", '"Resource": "arn:aws:ec2:*:*:volume/vol-*"', '"Resource": "arn:aws:ec2:*:*:volume/*"',
+     "allows a clone of a volume of static (CopyVolumes) without the tag"),
+    ("iam-policy.json", '"Action": "ec2:CreateVolume",\n      "Resource": "arn:aws:ec2:*:*:snapshot/*"',
+     '"Action": "ec2:CreateVolume",\n      "Resource": "arn:aws:ec2:*:*:snapshot/*",\n'
+     '      "Condition": {"StringEquals": {"aws:ResourceTag/ebs.csi.aws.com/cluster": "true"}}',
+     "denies a restore of a snapshot of shared (CreateVolume)"),
     ("iam-policy-migration.json", '"ec2:ModifyVolume"]', '"ec2:ModifyVolume", "ec2:DeleteVolume"]',
      "allows DeleteVolume on a volume of static"),
     ("iam-policy-migration.json", "kubernetes.io/created-for/pvc/name", "kubernetes.io/created-for/pv/name",
