@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use ebs_csi_helper_proto::{HelperError, VolumeId};
 use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
+use serde::{Deserialize, Serialize};
 
 use crate::claim::{Claims, DeviceNumber};
 use crate::error::Operation;
@@ -191,6 +192,53 @@ impl VerifiedDevice {
     pub fn refusal(&self, reason: Refusal) -> HelperError {
         refused(&self.path(), &self.volume_id, reason)
     }
+
+    /// What the proof found, for the runner ([`crate::runner`]), which is
+    /// given the open device by `SCM_RIGHTS` and proves it again.
+    pub fn facts(&self) -> DeviceFacts {
+        DeviceFacts {
+            volume_id: self.volume_id.clone(),
+            name: self.name.clone(),
+            number: self.number,
+            disk_sequence: self.disk_sequence,
+        }
+    }
+
+    /// In the runner: the device the helper proved, `file` being the open
+    /// device it passed (the same open file) and `facts` what its proof
+    /// found; [`VerifiedDevice::reverify`] proves it again before each
+    /// tool.
+    ///
+    /// # Errors
+    /// [`HelperError::DeviceRefused`] with [`Refusal::Changed`] when `file`
+    /// is not a block device of that device number.
+    pub fn adopt(facts: DeviceFacts, file: OwnedFd, policy: &IdentityPolicy) -> Result<Self, HelperError> {
+        if block_number(&file) != Some(facts.number) {
+            return Err(refused(
+                &format!("/dev/{}", facts.name),
+                &facts.volume_id,
+                Refusal::Changed,
+            ));
+        }
+        Ok(Self {
+            volume_id: facts.volume_id,
+            name: facts.name,
+            number: facts.number,
+            file: Arc::new(file),
+            disk_sequence: facts.disk_sequence,
+            policy: policy.clone(),
+        })
+    }
+}
+
+/// A [`VerifiedDevice`] without its open file: what the helper tells the
+/// runner of a device it passes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DeviceFacts {
+    volume_id: VolumeId,
+    name: String,
+    number: DeviceNumber,
+    disk_sequence: Option<u64>,
 }
 
 #[cfg(test)]
@@ -554,6 +602,17 @@ mod tests {
             assert_eq!(matches!(kind, Some(DeviceKind::NvmeNamespace)), nvme, "{name}");
             assert_eq!(matches!(kind, Some(DeviceKind::Loop)), looped, "{name}");
         }
+    }
+
+    /// The runner takes a descriptor for the device the helper proved only
+    /// when it is a block device of the proved number.
+    #[test]
+    fn the_runner_adopts_only_a_device_of_the_number_proved() {
+        let volume = VolumeId::parse("vol-0123456789abcdef0").unwrap();
+        let file = || OwnedFd::from(tempfile::tempfile().unwrap());
+        let proved = VerifiedDevice::stand_in(volume.clone(), "loop3", (7, 3), file());
+        let error = VerifiedDevice::adopt(proved.facts(), file(), &IdentityPolicy::default()).unwrap_err();
+        assert_eq!(error, refused("/dev/loop3", &volume, Refusal::Changed));
     }
 
     /// Every device string that is not a present `/dev/<kernel name>`

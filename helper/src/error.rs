@@ -170,7 +170,7 @@ pub enum Operation {
     /// Finding a tool.
     #[error("finding {0}")]
     FindTool(&'static str),
-    /// Handing a tool to its executor thread.
+    /// Handing a job to the runner process and taking its answer.
     #[error("exec")]
     Exec,
     /// Confining a tool with Landlock.

@@ -14,30 +14,34 @@
 //! or on expiry, the whole group is killed. The agent is told no more of
 //! a tool's stderr than [`stderr_excerpt`].
 //!
-//! Tools run from executor threads, started before the seccomp filter is
-//! installed on the serving threads, so the filter binds the helper and
-//! not the tools. An executor's thread count is the number of tools it
-//! runs at once.
+//! The helper asks ([`Executor`]); the runner process
+//! ([`crate::runner`]), the only one that holds the tools' capabilities,
+//! runs each tool from one of its pools of threads
+//! ([`Tool::formats`]), whose thread count is the number of tools it runs
+//! at once. The serving
+//! process's seccomp filter binds neither the runner nor the tools, which
+//! get the denylist instead.
 
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
-use caps::Capability;
+use caps::{CapSet, Capability};
 use ebs_csi_helper_proto::HelperError;
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::process::{Pid, PidfdFlags, Signal};
 use seccompiler::BpfProgram;
+use serde::{Deserialize, Serialize};
 
 use crate::claim::{Claim, Claims};
 use crate::confine;
 use crate::device::VerifiedDevice;
 use crate::error::Operation;
-use crate::harden;
+use crate::runner::{self, Ran, Runner, Work};
 use crate::sys;
 
 /// How a tool names what it acts on: the fd the helper passes it as fd 3
@@ -57,7 +61,7 @@ pub enum ToolTarget<'a> {
 }
 
 /// The programs the helper may run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Tool {
     /// `blkid` (util-linux): probes for filesystem and partition-table signatures.
     Blkid,
@@ -116,6 +120,13 @@ impl Tool {
         }
     }
 
+    /// Whether it makes a filesystem: the runner's `formatter` threads run
+    /// it (`--max-parallel-formats` at once), the one `tools` thread every
+    /// other tool.
+    pub fn formats(self) -> bool {
+        matches!(self, Self::MkfsExt2 | Self::MkfsExt3 | Self::MkfsExt4 | Self::MkfsXfs)
+    }
+
     /// The absolute path of the tool on this machine.
     ///
     /// # Errors
@@ -142,19 +153,10 @@ pub struct ToolIds {
     pub gid: u32,
 }
 
-struct Job {
-    tool: Tool,
-    path: String,
-    args: Vec<String>,
-    device: VerifiedDevice,
-    fd3: OwnedFd,
-    reply: mpsc::Sender<Result<Output, HelperError>>,
-}
-
-/// A handle to a fixed pool of executor threads sharing one queue.
+/// The helper's handle to the runner's tools.
 #[derive(Clone, Debug)]
 pub struct Executor {
-    jobs: mpsc::Sender<Job>,
+    runner: Runner,
     /// How long a tool may run (`--tool-timeout-seconds`).
     pub timeout: Duration,
     /// Devices with a read that outlived its request (a killed tool not
@@ -163,96 +165,57 @@ pub struct Executor {
 }
 
 impl Executor {
-    /// Starts `threads` executor threads named `name`; at most that many
-    /// tools run at once, later jobs wait in the queue. A tool still
-    /// running after `timeout` is killed with its process group. Each tool
-    /// runs as `ids` and installs `tool_filter` (the policy's `tools`
-    /// denylist) before it execs. A tool killed past its time limit is
-    /// answered for at once and settled by a thread of its own, its device
-    /// claimed in `stalled` meanwhile. Call it before installing the serving filter: the threads
-    /// stay outside it, so the tools get the denylist instead.
-    ///
-    /// # Errors
-    /// The error spawning a thread.
-    pub fn start(
-        name: &str,
-        threads: usize,
-        timeout: Duration,
-        ids: ToolIds,
-        tool_filter: Arc<BpfProgram>,
-        stalled: Claims,
-    ) -> io::Result<Self> {
-        let (jobs, queue) = mpsc::channel::<Job>();
-        let queue = Arc::new(Mutex::new(queue));
-        for _ in 0..threads.max(1) {
-            let (queue, filter, stalled) = (Arc::clone(&queue), Arc::clone(&tool_filter), stalled.clone());
-            // A thread cannot give its child what it does not hold (some
-            // sandboxes withhold capabilities even from root): each tool gets
-            // what it needs of what this thread has. The thread itself uses
-            // CAP_SYS_ADMIN (re-verification) and CAP_KILL (a tool's group,
-            // another uid's, is killed from here); the rest stays permitted,
-            // effective only in the child that needs it.
-            harden::spawn_thread(name, &harden::TOOLS, &harden::EXECUTING, move |held| {
-                loop {
-                    // The guard is a temporary: the queue is locked only
-                    // while taking the next job, not while running it.
-                    let next = queue.lock().unwrap_or_else(PoisonError::into_inner).recv();
-                    let Ok(job) = next else { break };
-                    let (result, unreaped) = match start(&job, ids, held, &filter) {
-                        Ok(tool) => finish(&job, tool, timeout),
-                        Err(e) => (Err(e), None),
-                    };
-                    // Closed before the answer: fd 3 may be a mount's root
-                    // (xfs_growfs), and the caller may unmount next.
-                    drop(job.fd3);
-                    // Claimed before the answer, so that a retry finds it.
-                    let unreaped = unreaped.map(|tool| (tool, stalled.claim(job.device.number, &job.device.path())));
-                    let _ = job.reply.send(result);
-                    if let Some((tool, claim)) = unreaped {
-                        settle(tool, job.device, claim.ok(), job.path);
-                    }
-                }
-            })?;
+    /// Runs tools in `runner`, each killed with its process group after
+    /// `timeout` (the runner's limit, given it too). A tool killed past its
+    /// time limit is answered for at once; its device is in `stalled` until
+    /// the runner has reaped it.
+    pub fn new(runner: Runner, timeout: Duration, stalled: Claims) -> Self {
+        Self {
+            runner,
+            timeout,
+            stalled,
         }
-        Ok(Self { jobs, timeout, stalled })
     }
 
     /// Runs `tool` with `args` on `target` (its fd 3, [`DEVICE_ARG`]) and
     /// returns its output, whatever its exit status. Logs `exec` before and
     /// `exited` after, with the exit status and the milliseconds from the
-    /// queue to the exit (`elapsed_ms`, a waiting turn included).
+    /// request to the runner to the exit (`elapsed_ms`, a waiting turn
+    /// included).
     ///
     /// # Errors
     /// [`HelperError::InProgress`] when a read of the device by an earlier
     /// request has not ended, [`HelperError::DeviceRefused`] when the
     /// device changed before the exec, [`HelperError::ToolFailed`] when the
     /// tool ran out of time, [`HelperError::System`] when it is missing or
-    /// cannot be started.
+    /// cannot be started, or the runner cannot be reached.
     pub fn run(&self, tool: Tool, args: &[&str], target: ToolTarget<'_>) -> Result<Output, HelperError> {
-        let path = tool.path()?;
-        let (device, fd3) = match target {
-            ToolTarget::Device(device) => (device, device.fd()),
-            ToolTarget::MountOf(device, mount_root) => (device, mount_root),
+        let (device, mount_root) = match target {
+            ToolTarget::Device(device) => (device, None),
+            ToolTarget::MountOf(device, mount_root) => (device, Some(mount_root)),
         };
+        let path = tool.path()?;
         self.stalled.check(device.number, &device.path())?;
         tracing::info!(tool = %path, ?args, device = ?device.path(), "exec");
-        let fd3 = rustix::io::fcntl_dupfd_cloexec(fd3, 0).map_err(|e| Operation::Exec.failed(e))?;
-        let (reply, answer) = mpsc::channel();
-        let job = Job {
+        let work = Work::Tool {
             tool,
-            path,
             args: args.iter().map(|a| (*a).to_owned()).collect(),
-            device: device.clone(),
-            fd3,
-            reply,
+            device: device.facts(),
         };
+        let fds: Vec<BorrowedFd<'_>> = std::iter::once(device.fd()).chain(mount_root).collect();
         let started = Instant::now();
-        self.jobs
-            .send(job)
-            .map_err(|_| Operation::Exec.failed("the executor threads are gone"))?;
-        let output = answer
-            .recv()
-            .map_err(|_| Operation::Exec.failed("the executor threads are gone"))??;
+        let (reply, job) = self.runner.call(&work, &fds)?;
+        if reply.settling {
+            // Claimed before the answer, so that a retry finds it.
+            let claim = self.stalled.claim(device.number, &device.path()).ok();
+            settle(job, device.clone(), claim, path);
+        }
+        let ran = reply.result?;
+        let output = Output {
+            status: ExitStatus::from_raw(ran.status),
+            stdout: ran.stdout,
+            stderr: ran.stderr,
+        };
         // Milliseconds to the microsecond, a number in any log format.
         let elapsed_ms = (started.elapsed().as_secs_f64() * 1e6).round() / 1e3;
         tracing::info!(tool = tool.file_name(), status = %output.status, elapsed_ms, "exited");
@@ -273,6 +236,145 @@ impl Executor {
             tool: tool.path()?,
             detail: format!("{}: {}", output.status, stderr_excerpt(&output.stderr)),
         })
+    }
+}
+
+/// Settles, in the helper, a tool the runner killed past its time limit,
+/// on a thread of its own, however long it takes: waits until the runner
+/// has reaped it (it closes the job's socket then; it closed its handle on
+/// the device before it answered), then until `device` is the helper's
+/// last handle, and
+/// closes it — the last close of the device's file, made here and not by
+/// a request: a read the tool left stalled may hold a page of the device
+/// locked, and the last close of a block device waits for every such
+/// page, holding the disk's open mutex (`blkdev_flush_mapping`); then
+/// releases the device's `claim` in the `stalled` set.
+fn settle(job: OwnedFd, device: VerifiedDevice, claim: Option<Claim>, tool: String) {
+    let settling = std::thread::Builder::new().spawn(move || {
+        runner::wait_closed(&job);
+        while !device.is_last_handle() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(device);
+        drop(claim);
+        tracing::info!(tool, "a tool killed past its time limit has ended");
+    });
+    if let Err(e) = settling {
+        tracing::warn!(error = %e, "cannot start a thread to settle a tool past its time limit");
+    }
+}
+
+/// A tool to run, in the runner: the device the helper proved, adopted
+/// from the descriptor it passed.
+#[derive(Debug)]
+pub(crate) struct Job {
+    pub tool: Tool,
+    /// The tool's absolute path, from the runner's table.
+    pub path: String,
+    pub args: Vec<String>,
+    pub device: VerifiedDevice,
+    /// `xfs_growfs`'s fd 3 in place of the device: the root of a mount of
+    /// it.
+    pub mount_root: Option<OwnedFd>,
+    /// Where the answer goes.
+    pub socket: OwnedFd,
+}
+
+/// A fixed pool of the runner's threads sharing one queue: at most that
+/// many of its tools run at once, later jobs wait in the queue.
+pub(crate) struct Threads {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl Threads {
+    /// Starts `threads` threads named `name`. A tool still running after
+    /// `timeout` is killed with its process group. Each tool runs as `ids`
+    /// and installs `tool_filter` (the policy's `tools` denylist) before
+    /// it execs.
+    ///
+    /// # Errors
+    /// The error reading the capabilities or spawning a thread.
+    pub fn start(
+        name: &str,
+        threads: usize,
+        timeout: Duration,
+        ids: ToolIds,
+        tool_filter: Arc<BpfProgram>,
+    ) -> io::Result<Self> {
+        // A tool cannot be given what the runner does not hold (some
+        // sandboxes withhold capabilities even from root).
+        let held = caps::read(None, CapSet::Permitted)
+            .map_err(io::Error::other)?
+            .iter()
+            .fold(0, |mask, c| mask | c.bitmask());
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let queue = Arc::new(Mutex::new(queue));
+        for _ in 0..threads.max(1) {
+            let (queue, filter) = (Arc::clone(&queue), Arc::clone(&tool_filter));
+            std::thread::Builder::new().name(name.into()).spawn(move || {
+                loop {
+                    // The guard is a temporary: the queue is locked only
+                    // while taking the next job, not while running it.
+                    let next = queue.lock().unwrap_or_else(PoisonError::into_inner).recv();
+                    let Ok(job) = next else { break };
+                    run_job(job, ids, held, &filter, timeout);
+                }
+            })?;
+        }
+        Ok(Self { jobs })
+    }
+
+    /// Queues `job`.
+    pub fn queue(&self, job: Job) {
+        // The threads live as long as the runner; were they gone, the job's
+        // socket would close unanswered, which the helper reports.
+        let _ = self.jobs.send(job);
+    }
+}
+
+/// On a runner thread: verifies the device again, runs the tool, answers,
+/// and settles a tool killed past its time limit.
+fn run_job(job: Job, ids: ToolIds, held: u64, tool_filter: &Arc<BpfProgram>, timeout: Duration) {
+    let (result, unreaped) = match start(&job, ids, held, tool_filter) {
+        Ok(tool) => finish(&job, tool, timeout),
+        Err(e) => (Err(e), None),
+    };
+    let Job {
+        path,
+        device,
+        mount_root,
+        socket,
+        ..
+    } = job;
+    // Closed before the answer: a mount's root (xfs_growfs) would keep the
+    // mount busy when the helper unmounts next, and the device's last close
+    // is the helper's (see `settle`).
+    drop(mount_root);
+    drop(device);
+    let result = result.map(|output| Ran {
+        status: output.status.into_raw(),
+        stdout: output.stdout,
+        stderr: output.stderr,
+    });
+    runner::answer(&socket, result, unreaped.is_some());
+    if let Some(tool) = unreaped {
+        reap(tool, socket, path);
+    }
+}
+
+/// Reaps, in the runner, a tool killed past its time limit, on a thread of
+/// its own, however long it takes (a read of a device that does not answer
+/// can hold it where a kill does not end it; until reaped, its pid names
+/// its process group, which no other process can take); then closes the
+/// job's socket, which tells the helper ([`settle`]).
+fn reap(mut child: Child, socket: OwnedFd, tool: String) {
+    let reaping = std::thread::Builder::new().spawn(move || {
+        let status = child.wait();
+        drop(socket);
+        tracing::info!(tool, ?status, "reaped a tool killed past its time limit");
+    });
+    if let Err(e) = reaping {
+        tracing::warn!(error = %e, "cannot start a thread to reap a tool past its time limit");
     }
 }
 
@@ -311,12 +413,12 @@ fn start(job: &Job, ids: ToolIds, held: u64, tool_filter: &Arc<BpfProgram>) -> R
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    let mount_root = (job.tool == Tool::XfsGrowfs).then(|| job.fd3.as_fd());
+    let mount_root = job.mount_root.as_ref().map(AsFd::as_fd);
     let ruleset = confine::ruleset(job.tool, job.device.fd(), mount_root)
         .map_err(|e| Operation::Confine(job.path.clone()).failed(e))?;
     sys::set_up_tool_child(
         &mut command,
-        job.fd3.as_raw_fd(),
+        mount_root.unwrap_or(job.device.fd()).as_raw_fd(),
         ids,
         job.tool.capabilities() & held,
         ruleset.as_ref().map(AsRawFd::as_raw_fd),
@@ -328,7 +430,7 @@ fn start(job: &Job, ids: ToolIds, held: u64, tool_filter: &Arc<BpfProgram>) -> R
 }
 
 /// Waits for `child` at most `timeout` and kills its process group; reaps
-/// it when it ended in time, else returns it unreaped, for [`settle`].
+/// it when it ended in time, else returns it unreaped, for [`reap`].
 fn finish(job: &Job, mut child: Child, timeout: Duration) -> (Result<Output, HelperError>, Option<Child>) {
     let stdout = drain(child.stdout.take());
     let stderr = drain(child.stderr.take());
@@ -358,30 +460,6 @@ fn finish(job: &Job, mut child: Child, timeout: Duration) -> (Result<Output, Hel
     }
 }
 
-/// Settles a tool killed past its time limit, on a thread of its own,
-/// however long it takes: reaps it (a read of a device that does not
-/// answer can hold it where a kill does not end it; until reaped, its pid
-/// names its process group, which no other process can take); waits until
-/// `device` is the last handle on the device's file and closes it (a read
-/// it left stalled may hold a page of the device locked, and the last
-/// close of a block device waits for every such page, holding the disk's
-/// open mutex: `blkdev_flush_mapping`); then releases the device's
-/// `claim` in the executor's `stalled` set.
-fn settle(mut child: Child, device: VerifiedDevice, claim: Option<Claim>, tool: String) {
-    let settling = std::thread::Builder::new().spawn(move || {
-        let status = child.wait();
-        while !device.is_last_handle() {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        drop(device);
-        drop(claim);
-        tracing::info!(tool, ?status, "a tool killed past its time limit has ended");
-    });
-    if let Err(e) = settling {
-        tracing::warn!(error = %e, "cannot start a thread to settle a tool past its time limit");
-    }
-}
-
 /// How long the executor waits, after the tool has exited, for its pipes
 /// to reach their end. A process of its group that a kill does not end at
 /// once (in uninterruptible sleep, on a device that does not answer) holds
@@ -389,9 +467,11 @@ fn settle(mut child: Child, device: VerifiedDevice, claim: Option<Claim>, tool: 
 /// reading thread ends when that process does.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 
-/// The most of a tool's stdout or stderr the helper keeps, in bytes (blkid's
-/// answer is a few lines); the rest is read and dropped.
-const OUTPUT_LIMIT: u64 = 64 << 10;
+/// The most of a tool's stdout or stderr the runner keeps, in bytes
+/// (blkid's answer is a few lines, and the agent is told at most
+/// [`STDERR_EXCERPT_CHARS`] of stderr); the rest is read and dropped. Both
+/// at this limit fit one message to the helper ([`crate::runner`]).
+pub(crate) const OUTPUT_LIMIT: u64 = 16 << 10;
 
 /// Reads a child's pipe to its end on a thread of its own, so a chatty
 /// tool never blocks on a full pipe while the executor waits for it; keeps

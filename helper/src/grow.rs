@@ -1,8 +1,8 @@
 //! Growing a mounted filesystem to the size of its device.
 //!
 //! ext2/3/4 grow in the kernel, by `EXT4_IOC_RESIZE_FS` on the mount root
-//! the helper verified, from a thread of its own that holds the one
-//! capability the ioctl needs: no tool finds the mount point by a path
+//! the helper verified, in the runner process ([`crate::runner`]), which
+//! holds the one capability the ioctl needs: no tool finds the mount point by a path
 //! again (resize2fs scans `/proc/mounts` and opens the mount point by
 //! name, which an agent could redirect: the re-audit's N4), and no tool
 //! parses an image someone else wrote. XFS grows by `xfs_growfs`, which
@@ -13,88 +13,44 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::mpsc;
 
-use caps::CapSet;
 use ebs_csi_helper_proto::{FsType, HelperError};
 use rustix::fs::{Mode, OFlags};
 
 use crate::device::VerifiedDevice;
 use crate::error::Operation;
-use crate::harden::{self, GROWER};
 use crate::path::fd_path;
+use crate::runner::{Runner, Work};
 use crate::sys;
 
-struct Resize {
-    root: OwnedFd,
-    blocks: u64,
-    reply: mpsc::Sender<io::Result<()>>,
+/// Grows the ext2/3/4 filesystem whose root is `root` (an `O_PATH` fd
+/// the caller proved to be the mount root of the volume's device) to
+/// `blocks` filesystem blocks, in the runner ([`resize`]); the kernel does
+/// nothing when it has them already.
+///
+/// # Errors
+/// [`HelperError::System`] with the ioctl's error (`EPERM` where the
+/// helper was not given `CAP_SYS_RESOURCE`), or when the runner cannot be
+/// reached.
+pub fn resize_ext(runner: &Runner, root: BorrowedFd<'_>, blocks: u64) -> Result<(), HelperError> {
+    tracing::info!(blocks, "resize ext filesystem");
+    let (reply, _) = runner.call(&Work::ResizeExt { blocks }, &[root])?;
+    reply.result.map(drop)
 }
 
-/// A handle to the thread that grows ext2/3/4 filesystems.
-#[derive(Debug)]
-pub struct Grower {
-    requests: mpsc::Sender<Resize>,
-}
-
-impl Grower {
-    /// Starts the grower thread. Call it before the serving thread lowers
-    /// its capabilities and installs its filter: the thread keeps
-    /// [`GROWER`] permitted (effective only during a resize) and stays
-    /// outside the serving filter, which allows neither the ioctl nor the
-    /// capabilities. Its effective set is empty but while it grows.
-    ///
-    /// # Errors
-    /// The error spawning the thread.
-    pub fn start() -> io::Result<Self> {
-        let (requests, queue) = mpsc::channel::<Resize>();
-        harden::spawn_thread("grower", &GROWER, &[], move |_| {
-            for Resize { root, blocks, reply } in queue {
-                let result = resize(&root, blocks);
-                // Closed before the answer: the caller may unmount next, and
-                // an fd inside the mount would keep it busy.
-                drop(root);
-                let _ = reply.send(result);
-            }
-        })?;
-        Ok(Self { requests })
-    }
-
-    /// Grows the ext2/3/4 filesystem whose root is `root` (an `O_PATH` fd
-    /// the caller proved to be the mount root of the volume's device) to
-    /// `blocks` filesystem blocks; the kernel does nothing when it has
-    /// them already.
-    ///
-    /// # Errors
-    /// [`HelperError::System`] with the ioctl's error (`EPERM` where the
-    /// helper does not hold `CAP_SYS_RESOURCE`).
-    pub fn resize_ext(&self, root: BorrowedFd<'_>, blocks: u64) -> Result<(), HelperError> {
-        let failed = |cause: &dyn std::fmt::Display| Operation::Grow(fd_path(&root), blocks).failed(cause);
-        let root = rustix::io::fcntl_dupfd_cloexec(root, 0).map_err(|e| failed(&e))?;
-        let (reply, answer) = mpsc::channel();
-        tracing::info!(blocks, "resize ext filesystem");
-        self.requests
-            .send(Resize { root, blocks, reply })
-            .map_err(|_| failed(&"the grower thread is gone"))?;
-        answer
-            .recv()
-            .map_err(|_| failed(&"the grower thread is gone"))?
-            .map_err(|e| failed(&e))
-    }
-}
-
-/// On the grower thread: opens `root` for the ioctl (through its fd, never
-/// a name) and resizes, with [`GROWER`] effective only meanwhile.
-fn resize(root: &OwnedFd, blocks: u64) -> io::Result<()> {
-    let permitted = caps::read(None, CapSet::Permitted).map_err(io::Error::other)?;
-    let raised: caps::CapsHashSet = GROWER.into_iter().filter(|c| permitted.contains(c)).collect();
-    caps::set(None, CapSet::Effective, &raised).map_err(io::Error::other)?;
+/// In the runner: opens `root` for the ioctl (through its fd, never a
+/// name) and resizes; `CAP_SYS_RESOURCE` (`ext4_resize_begin`) and
+/// `CAP_DAC_READ_SEARCH` (a root directory its owner made unreadable to
+/// others) are the runner's.
+///
+/// # Errors
+/// [`HelperError::System`] naming the mount and the block count.
+pub(crate) fn resize(root: &OwnedFd, blocks: u64) -> Result<(), HelperError> {
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    let result = rustix::fs::openat(root, ".", flags, Mode::empty())
+    rustix::fs::openat(root, ".", flags, Mode::empty())
         .map_err(io::Error::from)
-        .and_then(|dir| sys::ext4_resize_fs(dir.as_fd(), blocks));
-    caps::clear(None, CapSet::Effective).map_err(io::Error::other)?;
-    result
+        .and_then(|dir| sys::ext4_resize_fs(dir.as_fd(), blocks))
+        .map_err(|e| Operation::Grow(fd_path(root), blocks).failed(e))
 }
 
 /// The block count resize2fs would grow an ext filesystem of `block_size`

@@ -19,11 +19,11 @@ use seccompiler::{BpfProgram, TargetArch, sock_filter};
 ///   `--tool-gid`, and `CAP_KILL`: its process group is killed when it ends
 ///   ([`crate::exec`]).
 ///
-/// Each thread keeps what it uses ([`keep_only_serving`] runs on the
-/// serving thread after the others start): the serving threads
-/// [`SERVING`], the executor threads [`TOOLS`] (each tool child sets its
-/// own to what it needs before it execs, and `no_new_privs` keeps the exec
-/// from adding any), the grower thread [`GROWER`].
+/// The runner process ([`crate::runner`]) keeps them all, permitted and
+/// effective (each tool child sets its own to what it needs before it
+/// execs, and `no_new_privs` keeps the exec from adding any); the serving
+/// process keeps [`SERVING`] alone ([`keep_only_serving`], in `main` after
+/// the runner is forked and before any thread starts).
 pub const KEPT: [Capability; 7] = [
     Capability::CAP_SYS_ADMIN,
     Capability::CAP_SYS_RESOURCE,
@@ -37,27 +37,8 @@ pub const KEPT: [Capability; 7] = [
 /// What the helper refuses to start without: the tools' uid and gid.
 pub const REQUIRED: [Capability; 2] = [Capability::CAP_SETUID, Capability::CAP_SETGID];
 
-/// What the executor threads keep permitted for their tools (only
-/// [`EXECUTING`] effective).
-pub const TOOLS: [Capability; 6] = [
-    Capability::CAP_SYS_ADMIN,
-    Capability::CAP_DAC_READ_SEARCH,
-    Capability::CAP_DAC_OVERRIDE,
-    Capability::CAP_SETUID,
-    Capability::CAP_SETGID,
-    Capability::CAP_KILL,
-];
-
-/// What an executor thread itself uses: [`SERVING`] to verify the device
-/// again, `CAP_KILL` to kill a tool's process group.
-pub const EXECUTING: [Capability; 2] = [SERVING, Capability::CAP_KILL];
-
-/// What the grower thread keeps permitted, effective only while it grows
-/// an ext filesystem ([`crate::grow`]).
-pub const GROWER: [Capability; 2] = [Capability::CAP_SYS_RESOURCE, Capability::CAP_DAC_READ_SEARCH];
-
-/// What the serving thread and its connection threads keep: mount, umount
-/// and the NVMe admin ioctl need `CAP_SYS_ADMIN`, nothing there needs more.
+/// What the serving process keeps: mount, umount and the NVMe admin ioctl
+/// need `CAP_SYS_ADMIN`, nothing there needs more.
 pub const SERVING: Capability = Capability::CAP_SYS_ADMIN;
 
 /// Why hardening failed; the helper refuses to start then.
@@ -113,52 +94,10 @@ pub fn reduce_capabilities() -> Result<(), HardenError> {
     Ok(())
 }
 
-/// Starts a thread named `name` that keeps, of what it inherits, only
-/// `permitted` permitted and only `effective` of those effective, then runs
-/// `work` with the mask of the capabilities it kept permitted (bit n =
-/// capability n). Returns once the thread has lowered them, so that no
-/// thread of the helper holds more than it uses by the time it serves.
-///
-/// # Errors
-/// The error spawning the thread or lowering its capabilities (the thread
-/// then ends without running `work`).
-pub fn spawn_thread(
-    name: &str,
-    permitted: &'static [Capability],
-    effective: &'static [Capability],
-    work: impl FnOnce(u64) + Send + 'static,
-) -> io::Result<()> {
-    let (lowered, result) = std::sync::mpsc::sync_channel(1);
-    std::thread::Builder::new().name(name.into()).spawn(move || {
-        let lower = || -> Result<u64, caps::errors::CapsError> {
-            let kept: CapsHashSet = caps::read(None, CapSet::Permitted)?
-                .into_iter()
-                .filter(|c| permitted.contains(c))
-                .collect();
-            let own: CapsHashSet = kept.iter().copied().filter(|c| effective.contains(c)).collect();
-            caps::set(None, CapSet::Effective, &own)?;
-            caps::set(None, CapSet::Permitted, &kept)?;
-            Ok(kept.iter().fold(0, |mask, c| mask | c.bitmask()))
-        };
-        match lower() {
-            Ok(held) => {
-                let _ = lowered.send(Ok(()));
-                work(held);
-            }
-            Err(e) => {
-                let _ = lowered.send(Err(io::Error::other(e)));
-            }
-        }
-    })?;
-    result
-        .recv()
-        .map_err(|_| io::Error::other("the thread ended before lowering its capabilities"))?
-}
-
 /// Keeps only [`SERVING`] in the calling thread's effective and permitted
-/// sets. Capabilities are per thread: call it after the executor threads
-/// have started (they keep [`KEPT`] for the tools) and before the serving
-/// thread starts any other.
+/// sets. Capabilities are per thread: call it after the runner is forked
+/// (it keeps [`KEPT`] for the tools) and before the helper starts any
+/// thread, so that every thread of the serving process has it.
 ///
 /// # Errors
 /// [`HardenError::Capabilities`].

@@ -27,11 +27,12 @@ use crate::device::{self, IdentityPolicy, VerifiedDevice};
 use crate::error::Operation;
 use crate::exec::{DEVICE_ARG, Executor, Tool, ToolTarget};
 use crate::format::{self, Contents};
-use crate::grow::{self, Grower};
+use crate::grow;
 use crate::mount::{self, Detached, Node};
 use crate::mounts::MountTables;
 use crate::options::MountOptions;
 use crate::path::{AllowedRoots, SafePath};
+use crate::runner::Runner;
 
 /// What the requests ask of the kernel. Each method is one step of
 /// `docs/helper.md`; its errors are the [`HelperError`]s that step answers.
@@ -107,7 +108,7 @@ pub trait Kernel: fmt::Debug + Send + Sync {
     fn filesystem_size(&self, device: &VerifiedDevice, fs: FsType) -> Result<(u64, u64), HelperError>;
 
     /// Grows the ext filesystem mounted with its root at `root` to
-    /// `blocks` ([`Grower::resize_ext`]).
+    /// `blocks` ([`grow::resize_ext`]).
     fn resize_ext(&self, root: BorrowedFd<'_>, blocks: u64) -> Result<(), HelperError>;
 
     /// Grows the XFS filesystem of `device` mounted with its root at
@@ -125,27 +126,18 @@ pub struct Linux {
     mounts: MountTables,
     policy: IdentityPolicy,
     tools: Executor,
-    formatter: Executor,
-    grower: Grower,
+    runner: Runner,
 }
 
 impl Linux {
-    /// Reads `mounts`, accepts the devices `policy` accepts, runs `mkfs`
-    /// on `formatter` (its thread count is the number of formats at once)
-    /// and every other tool on `tools`, grows ext filesystems on `grower`.
-    pub fn new(
-        mounts: MountTables,
-        policy: IdentityPolicy,
-        tools: Executor,
-        formatter: Executor,
-        grower: Grower,
-    ) -> Self {
+    /// Reads `mounts`, accepts the devices `policy` accepts, runs tools
+    /// on `tools` and grows ext filesystems in `runner`.
+    pub fn new(mounts: MountTables, policy: IdentityPolicy, tools: Executor, runner: Runner) -> Self {
         Self {
             mounts,
             policy,
             tools,
-            formatter,
-            grower,
+            runner,
         }
     }
 }
@@ -186,7 +178,7 @@ impl Kernel for Linux {
     }
 
     fn format(&self, fs: FsType, options: &FormatOptions, device: &VerifiedDevice) -> Result<(), HelperError> {
-        format::format(&self.formatter, fs, options, device)
+        format::format(&self.tools, fs, options, device)
     }
 
     fn mount_filesystem(
@@ -228,7 +220,7 @@ impl Kernel for Linux {
     }
 
     fn resize_ext(&self, root: BorrowedFd<'_>, blocks: u64) -> Result<(), HelperError> {
-        self.grower.resize_ext(root, blocks)
+        grow::resize_ext(&self.runner, root, blocks)
     }
 
     fn xfs_growfs(&self, device: &VerifiedDevice, root: BorrowedFd<'_>) -> Result<(), HelperError> {

@@ -24,6 +24,7 @@ pub mod mounts;
 pub mod options;
 pub mod path;
 pub mod record;
+pub mod runner;
 pub mod server;
 pub mod stop;
 mod sys;

@@ -12,13 +12,13 @@ use clap::Parser;
 use ebs_csi_helper::claim::Claims;
 use ebs_csi_helper::device::IdentityPolicy;
 use ebs_csi_helper::exec::{Executor, ToolIds};
-use ebs_csi_helper::grow::Grower;
 use ebs_csi_helper::handler::Handler;
 use ebs_csi_helper::harden;
 use ebs_csi_helper::kernel::Linux;
 use ebs_csi_helper::layout::Layout;
 use ebs_csi_helper::mounts::MountTables;
 use ebs_csi_helper::path::AllowedRoots;
+use ebs_csi_helper::runner::{Runner, RunnerConfig};
 use ebs_csi_helper::server::{self, ServerConfig};
 use ebs_csi_helper::stop::StopSignals;
 use ebs_csi_linux::nvme::{EBS_MODEL, EBS_VENDOR_ID};
@@ -158,50 +158,45 @@ fn main() -> anyhow::Result<()> {
     //    without those the tools' uid needs); no new privileges.
     harden::reduce_capabilities().context("reducing capabilities")?;
     harden::forbid_new_privileges().context("setting no_new_privs")?;
-    // 7. The executor threads (tools run from them, as the tools' uid, each
-    //    with the tools' seccomp denylist; the threads keep the tools'
-    //    capabilities permitted for them),
-    //    then only CAP_SYS_ADMIN and the allowlist on the serving thread
-    //    and its children.
+    // 7. Fork the runner while this is the only thread: it keeps KEPT and
+    //    runs the tools, as the tools' uid, each with the tools' seccomp
+    //    denylist; it closes every descriptor of the helper's. The serving
+    //    process keeps CAP_SYS_ADMIN alone, in every thread to come, and
+    //    the allowlist; it exits when the runner is gone.
     let filters = harden::seccomp_filters().context("compiling the seccomp policy")?;
-    let tool_filter = Arc::new(filters.tools);
     let tool_timeout = Duration::from_secs(args.tool_timeout_seconds);
-    let ids = ToolIds {
-        uid: args.tool_uid,
-        gid: args.tool_gid,
-    };
-    let stalled = Claims::default();
-    let tools = Executor::start("tools", 1, tool_timeout, ids, Arc::clone(&tool_filter), stalled.clone())
-        .context("starting the executor threads")?;
-    let formatter = Executor::start(
-        "formatter",
-        args.max_parallel_formats.into(),
-        tool_timeout,
-        ids,
-        tool_filter,
-        stalled,
-    )
-    .context("starting the executor threads")?;
-    let grower = Grower::start().context("starting the grower thread")?;
-    if landlock {
-        tracing::info!("tools confined by Landlock");
-    } else {
-        tracing::warn!("the kernel has no Landlock: tools may open any file root owns");
-    }
-    harden::keep_only_serving().context("reducing the serving thread's capabilities")?;
-    harden::install_seccomp(&filters.serving).context("installing the seccomp filter")?;
     let policy = IdentityPolicy {
         nvme_vendor_id: args.nvme_vendor_id,
         nvme_model: args.nvme_model,
         allow_loop_devices: args.allow_loop_devices,
     };
+    let runner = Runner::start(RunnerConfig {
+        ids: ToolIds {
+            uid: args.tool_uid,
+            gid: args.tool_gid,
+        },
+        timeout: tool_timeout,
+        formats: args.max_parallel_formats.into(),
+        tool_filter: filters.tools,
+        policy: policy.clone(),
+    })
+    .context("starting the runner")?;
+    harden::keep_only_serving().context("reducing the serving process's capabilities")?;
+    if landlock {
+        tracing::info!("tools confined by Landlock");
+    } else {
+        tracing::warn!("the kernel has no Landlock: tools may open any file root owns");
+    }
+    harden::install_seccomp(&filters.serving).context("installing the seccomp filter")?;
+    runner.exit_with_it().context("watching the runner")?;
     if args.allowed_layout == Layout::CsiSanity {
         tracing::warn!("test mode: mounting at csi-sanity's paths, bound to no volume");
     }
     if policy.nvme_vendor_id != EBS_VENDOR_ID || policy.nvme_model != EBS_MODEL {
         tracing::warn!(vendor_id = policy.nvme_vendor_id, model = %policy.nvme_model, "test mode: accepting NVMe controllers that are not EBS volumes");
     }
-    let kernel = Linux::new(mounts, policy, tools, formatter, grower);
+    let tools = Executor::new(runner.clone(), tool_timeout, Claims::default());
+    let kernel = Linux::new(mounts, policy, tools, runner);
     let handler = Arc::new(Handler::new(roots, args.max_mounts, Box::new(kernel)));
     let config = ServerConfig {
         allowed_uids: args.allowed_uids,

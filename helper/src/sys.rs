@@ -1,7 +1,7 @@
 //! Every `unsafe` block of the helper: `BLKGETDISKSEQ`,
 //! `EXT4_IOC_RESIZE_FS`, `mount_setattr` (which rustix does not wrap),
-//! closing inherited descriptors and clearing the
-//! environment at start, and setting up a tool's descriptors, capabilities,
+//! closing inherited descriptors, clearing the environment and forking the
+//! runner at start, and setting up a tool's descriptors, capabilities,
 //! Landlock ruleset and seccomp filter in the child before it execs. (The
 //! NVMe admin ioctl and taking the socket systemd passes are in
 //! `ebs-csi-linux`, which the agent shares; Landlock rulesets are made by
@@ -9,8 +9,9 @@
 //! by `nix`.)
 #![allow(unsafe_code)]
 
+use std::ffi::CStr;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::sync::Arc;
@@ -85,8 +86,9 @@ pub(crate) fn mount_setattr(mount: BorrowedFd<'_>, set: u64, clear: u64) -> io::
 /// ≥ 5.9).
 fn close_from(first: u32) -> io::Result<()> {
     // SAFETY: close_range takes plain integers and touches no memory; the
-    // callers guarantee nothing in this process owns the descriptors
-    // closed (see `close_inherited_fds` and `close_fds_on_exec`).
+    // callers guarantee nothing in this process that runs again owns the
+    // descriptors closed (see `close_inherited_fds`, `fork_keeping` and
+    // `set_up_tool_child`).
     let result = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) };
     if result == 0 {
         Ok(())
@@ -105,6 +107,43 @@ pub fn close_inherited_fds(keep_listen_fd: bool) -> io::Result<()> {
     close_from(if keep_listen_fd { 4 } else { 3 })
 }
 
+/// Forks the process, which must have one thread (`main`, before it
+/// starts any), for the runner ([`crate::runner`]). In the child `keep`
+/// becomes fd 3 and every other descriptor beyond stdio is closed, so the
+/// runner holds nothing of the helper's, and no descriptor it opens later
+/// is fd 3, where a tool's child puts its device; the child must never
+/// return to code that owns a closed descriptor (it ends with
+/// `process::exit`). Returns fd 3 in the child, `None` in the parent.
+///
+/// # Errors
+/// fork's error, or in the child dup2's or close_range's.
+pub(crate) fn fork_keeping(keep: BorrowedFd<'_>) -> io::Result<Option<OwnedFd>> {
+    // SAFETY: the caller has one thread, so no lock or allocator state can
+    // be held by another thread at the fork, and the child goes on in Rust
+    // as the parent would.
+    match unsafe { libc::fork() } {
+        -1 => Err(io::Error::last_os_error()),
+        0 => {
+            // SAFETY: dup2 takes integers; `keep` is open.
+            if unsafe { libc::dup2(keep.as_raw_fd(), TOOL_DEVICE_FD) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            close_from(4)?;
+            // SAFETY: fd 3 is open (the dup2 above), and the caller owns no
+            // other handle on it that it will use or close: every handle
+            // it held beyond stdio named a descriptor closed here.
+            Ok(Some(unsafe { OwnedFd::from_raw_fd(TOOL_DEVICE_FD) }))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Names the calling thread, the process's name when it is the first
+/// (`/proc/<pid>/comm`, at most 15 bytes: `PR_SET_NAME`).
+pub(crate) fn set_process_name(name: &CStr) -> io::Result<()> {
+    rustix::thread::set_name(name).map_err(io::Error::from)
+}
+
 /// Removes every environment variable. Must run in `main` before any
 /// other thread exists.
 pub fn clear_environment() {
@@ -119,8 +158,8 @@ pub fn clear_environment() {
 pub(crate) const TOOL_DEVICE_FD: RawFd = 3;
 
 /// Sets up `command`'s child before it execs: it is killed when the
-/// helper dies (`PR_SET_PDEATHSIG`, so a crashed helper leaves no tool
-/// holding a device), it blocks no signal, `fd` becomes its [`TOOL_DEVICE_FD`] (without
+/// runner dies (`PR_SET_PDEATHSIG`; the runner dies with the helper, so a
+/// crashed helper leaves no tool holding a device), it blocks no signal, `fd` becomes its [`TOOL_DEVICE_FD`] (without
 /// close-on-exec), every other descriptor beyond stdio is closed, it runs as
 /// `ids` (uid and gid, no supplementary group: third audit A1) with exactly
 /// the capabilities `capabilities` (a mask of capability bits, raised into
@@ -139,7 +178,7 @@ pub(crate) fn set_up_tool_child(
     ruleset: Option<RawFd>,
     filter: Arc<BpfProgram>,
 ) {
-    let helper = rustix::process::getpid();
+    let runner = rustix::process::getpid();
     // SAFETY: the closure runs in the child between fork and exec, where
     // only async-signal-safe calls are allowed; it makes raw syscalls
     // (prctl, getppid, sigprocmask, fcntl, dup2, capset, setgroups,
@@ -165,12 +204,12 @@ pub(crate) fn set_up_tool_child(
                 return Err(io::Error::last_os_error());
             }
             switch_identity(ids, CapabilitySet::from_bits_retain(capabilities))?;
-            // The death signal follows the forking thread, an executor
-            // thread that lives as long as the helper, and is set after the
+            // The death signal follows the forking thread, a runner
+            // thread that lives as long as the runner, and is set after the
             // switch, which clears it (prctl(2), PR_SET_PDEATHSIG); if the
-            // helper died before it was set, the child is already orphaned.
+            // runner died before it was set, the child is already orphaned.
             rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
-            if rustix::process::getppid() != Some(helper) {
+            if rustix::process::getppid() != Some(runner) {
                 return Err(io::Error::from(io::ErrorKind::BrokenPipe));
             }
             if let Some(ruleset) = ruleset

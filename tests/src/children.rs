@@ -1,14 +1,31 @@
-//! Watching a process's children: which tools the helper is running now,
-//! and the most it ran at once.
+//! Watching a process's descendants: which tools the helper is running
+//! now, and the most it ran at once.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// The pids of `pid`'s children (of any of its threads) whose command
-/// name (`/proc/PID/comm`) starts with `prefix`.
-pub fn children_named(pid: u32, prefix: &str) -> Vec<u32> {
+/// The pids of `pid`'s descendants (children of any of its threads, their
+/// children, and so on: the helper's tools are its runner's children)
+/// whose command name (`/proc/PID/comm`) starts with `prefix`.
+pub fn descendants_named(pid: u32, prefix: &str) -> Vec<u32> {
+    let mut descendants = children(pid);
+    let mut next = 0;
+    while let Some(&child) = descendants.get(next) {
+        descendants.extend(children(child));
+        next += 1;
+    }
+    descendants
+        .into_iter()
+        .filter(|child| {
+            std::fs::read_to_string(format!("/proc/{child}/comm")).is_ok_and(|comm| comm.starts_with(prefix))
+        })
+        .collect()
+}
+
+/// The pids of `pid`'s children, of any of its threads.
+fn children(pid: u32) -> Vec<u32> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };
@@ -20,9 +37,6 @@ pub fn children_named(pid: u32, prefix: &str) -> Vec<u32> {
                 .filter_map(|c| c.parse().ok())
                 .collect::<Vec<u32>>()
         })
-        .filter(|child| {
-            std::fs::read_to_string(format!("/proc/{child}/comm")).is_ok_and(|comm| comm.starts_with(prefix))
-        })
         .collect()
 }
 
@@ -33,7 +47,7 @@ pub fn exited(pid: u32) -> bool {
     })
 }
 
-/// Samples [`children_named`] every millisecond on a thread until
+/// Samples [`descendants_named`] every millisecond on a thread until
 /// [`PeakChildren::stop`].
 pub struct PeakChildren {
     stop: Arc<AtomicBool>,
@@ -48,7 +62,7 @@ impl PeakChildren {
         let sampler = std::thread::spawn(move || {
             let mut peak = 0;
             while !stopped.load(Ordering::Relaxed) {
-                peak = peak.max(children_named(pid, prefix).len());
+                peak = peak.max(descendants_named(pid, prefix).len());
                 std::thread::sleep(Duration::from_millis(1));
             }
             peak

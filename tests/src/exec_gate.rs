@@ -1,7 +1,7 @@
 //! Catching a tool the helper runs at the moment it starts. fanotify's
 //! `FAN_OPEN_EXEC_PERM` (fanotify(7)) holds every exec of a watched program
-//! until a listener answers; the gate stops the helper's child (SIGSTOP is
-//! then pending, so it stops before the tool's first instruction) and lets
+//! until a listener answers; the gate stops the helper's tool, a child of
+//! its runner process (SIGSTOP is then pending, so it stops before the tool's first instruction) and lets
 //! the exec go on. Polling `/proc` for the child instead misses a tool that
 //! finishes in a few milliseconds, as `mkfs.ext4` on a small volume does.
 #![allow(clippy::expect_used, reason = "test support")]
@@ -26,7 +26,7 @@ pub const MKFS: [&str; 2] = ["/usr/sbin/mkfs.ext4", "/usr/sbin/mkfs.xfs"];
 /// `xfs_growfs`.
 pub const XFS_GROWFS: [&str; 1] = ["/usr/sbin/xfs_growfs"];
 
-/// Stops the first child of one process that execs a watched program.
+/// Stops the first descendant of one process that execs a watched program.
 pub struct ExecGate {
     caught: mpsc::Receiver<u32>,
     stop: Arc<AtomicBool>,
@@ -35,7 +35,8 @@ pub struct ExecGate {
 
 impl ExecGate {
     /// Watches `programs` (absolute paths) until dropped: the first exec of
-    /// one of them by a child of `parent` is stopped and reported; every
+    /// one of them by a descendant of `parent` (the helper's tools are its
+    /// runner's children) is stopped and reported; every
     /// other exec, on the whole machine, is let through at once.
     pub fn watch(parent: u32, programs: &[&str]) -> Self {
         let flags = InitFlags::FAN_CLASS_CONTENT | InitFlags::FAN_CLOEXEC | InitFlags::FAN_NONBLOCK;
@@ -71,7 +72,7 @@ impl ExecGate {
                 };
                 for event in events {
                     let pid = u32::try_from(event.pid()).unwrap_or_default();
-                    if !reported && parent_of(pid) == Some(parent) {
+                    if !reported && descends_from(pid, parent) {
                         reported = true;
                         let _ = kill(Pid::from_raw(event.pid()), Signal::SIGSTOP);
                         let _ = report.send(pid);
@@ -129,6 +130,13 @@ fn stat_of(pid: u32) -> Option<Vec<String>> {
 
 fn parent_of(pid: u32) -> Option<u32> {
     stat_of(pid)?.get(1)?.parse().ok()
+}
+
+/// Whether `ancestor` is `pid`'s parent, or its parent's, and so on.
+fn descends_from(pid: u32, ancestor: u32) -> bool {
+    std::iter::successors(parent_of(pid), |&p| parent_of(p).filter(|&next| next != p))
+        .take_while(|&p| p > 1)
+        .any(|p| p == ancestor)
 }
 
 fn state_of(pid: u32) -> Option<char> {

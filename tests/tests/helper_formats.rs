@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use ebs_csi_helper_client::ClientError;
 use ebs_csi_helper_proto::{FsType, HelperError, PublishRequest, PublishSource, Reply, Request, VolumeId};
-use ebs_csi_tests::children::children_named;
+use ebs_csi_tests::children::descendants_named;
 use ebs_csi_tests::exec_gate::{ExecGate, MKFS};
 use ebs_csi_tests::{Helper, LoopVolume, Sandbox, is_mounted, require_root, stage_request};
 use rustix::process::{Pid, Signal, kill_process};
@@ -39,7 +39,7 @@ fn peak_with_formats_frozen(helper: u32, limit: usize, finished: impl Fn() -> bo
     };
     let (mut peak, mut seen, mut frozen, mut since) = (0, HashSet::new(), Vec::new(), Instant::now());
     while !finished() {
-        let running = children_named(helper, "mkfs");
+        let running = descendants_named(helper, "mkfs");
         for &pid in running.iter().filter(|&&pid| seen.insert(pid)) {
             signal(pid, Signal::STOP);
             frozen.push(pid);

@@ -125,73 +125,56 @@ fn the_helper_runs_with_least_privilege() {
     // CAP_DAC_OVERRIDE, CAP_KILL, CAP_SETGID, CAP_SETUID
     // (include/uapi/linux/capability.h: 1, 5, 6, 7).
     let (write, kill, set_ids): (u64, u64, u64) = (1 << 1, 1 << 5, (1 << 6) | (1 << 7));
-    let (mut executors, mut growers) = (0, 0);
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let task = task.unwrap().path();
-        // The Ping's connection thread ends right after its answer: a
-        // thread gone meanwhile has nothing left to check.
-        let (Ok(status), Ok(name)) = (
-            std::fs::read_to_string(task.join("status")),
-            std::fs::read_to_string(task.join("comm")),
-        ) else {
-            continue;
-        };
-        let name = name.trim().to_owned();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .unwrap()
-                .trim()
-                .to_owned()
-        };
-        let bits = |set: &str| u64::from_str_radix(&field(set), 16).unwrap();
-        // The executor threads run the tools outside the filter, kill a
-        // tool's group (CAP_KILL) and keep the tools' capabilities and the
-        // switch to their uid permitted, not effective; the
-        // grower thread, outside the filter too, keeps CAP_SYS_RESOURCE
-        // (where the machine grants it) and CAP_DAC_READ_SEARCH permitted,
-        // effective only while it grows ext4; every other thread serves
-        // requests: the filter and CAP_SYS_ADMIN only.
-        let executor = name == "tools" || name == "formatter";
-        let grower = name == "grower";
-        executors += usize::from(executor);
-        growers += usize::from(grower);
-        let (effective, permitted) = match (executor, grower) {
-            (true, _) => (admin | kill, admin | kill | read_search | write | set_ids),
-            (_, true) => (0, resource | read_search),
-            _ => (admin, admin),
-        };
-        if executor || grower {
-            assert_ne!(bits("CapPrm:") & read_search, 0, "{name} lost CAP_DAC_READ_SEARCH");
-        }
-        for (set, allowed) in [("CapEff:", effective), ("CapPrm:", permitted)] {
-            assert_eq!(
-                bits(set) & !allowed,
-                0,
-                "{name}: {set} {:x} holds more than it needs",
-                bits(set)
-            );
-            assert_eq!(bits(set) & admin, allowed & admin, "{name}: {set} CAP_SYS_ADMIN");
-        }
-        assert_eq!(
-            bits("CapBnd:") & !(admin | resource | read_search | write | kill | set_ids),
-            0,
-            "{name}: bounding set"
-        );
-        assert_eq!(bits("CapInh:"), 0);
-        assert_eq!(bits("CapAmb:"), 0);
-        assert_eq!(field("NoNewPrivs:"), "1");
-        let filtered = if executor || grower { "0" } else { "2" };
-        assert_eq!(field("Seccomp:"), filtered, "{name}: seccomp mode");
+    let kept = admin | resource | read_search | write | kill | set_ids;
+    // Every thread of the serving process: the filter and CAP_SYS_ADMIN
+    // alone, not even permitted more.
+    for (name, task) in threads(pid) {
+        assert_eq!((task.bits("CapEff:"), task.bits("CapPrm:")), (admin, admin), "{name}");
+        assert_eq!(task.bits("CapBnd:") & !kept, 0, "{name}: bounding set");
+        assert_eq!((task.bits("CapInh:"), task.bits("CapAmb:")), (0, 0), "{name}");
+        assert_eq!(task.field("NoNewPrivs:"), "1", "{name}");
+        assert_eq!(task.field("Seccomp:"), "2", "{name}: seccomp mode");
     }
-    assert_eq!(
-        (executors, growers),
-        (3, 1),
-        "one tools thread, two formatter threads, one grower"
-    );
-    // stdin, stdout, stderr, the allowed root, PID 1's mountinfo and the
-    // listening socket. The helper closes a connection right after its
+    // The runner, a process of its own: the tools' capabilities and the
+    // switch to their uid (CAP_SYS_RESOURCE where the machine grants it),
+    // outside the filter, which binds the helper and not its tools.
+    // It names itself and starts its threads (each names itself) while
+    // the helper serves already: wait for one tools thread and two
+    // formatter threads.
+    let (mut runner, mut tasks) = (0, Vec::new());
+    wait_until("the runner's threads", Duration::from_secs(5), || {
+        runner = *ebs_csi_tests::children::descendants_named(pid, "ebs-csi-runner")
+            .first()
+            .unwrap_or(&0);
+        tasks = if runner == 0 { Vec::new() } else { threads(runner) };
+        let mut names: Vec<&str> = tasks.iter().map(|(name, _)| name.as_str()).collect();
+        names.sort_unstable();
+        names == ["ebs-csi-runner", "formatter", "formatter", "tools"]
+    });
+    for (name, task) in &tasks {
+        let effective = task.bits("CapEff:");
+        assert_eq!(task.bits("CapPrm:"), effective, "{name}");
+        assert_eq!(
+            effective & !kept,
+            0,
+            "{name}: {effective:x} holds more than the tools need"
+        );
+        assert_eq!(effective | resource, kept, "{name}: {effective:x}");
+        assert_eq!((task.bits("CapInh:"), task.bits("CapAmb:")), (0, 0), "{name}");
+        assert_eq!(task.field("NoNewPrivs:"), "1", "{name}");
+        assert_eq!(task.field("Seccomp:"), "0", "{name}: seccomp mode");
+    }
+    // The runner holds stdio and its socket to the helper, nothing of the
+    // helper's (listening socket, roots, mount table).
+    let runner_descriptors: Vec<String> = std::fs::read_dir(format!("/proc/{runner}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.unwrap().path()).ok())
+        .map(|target| target.display().to_string())
+        .collect();
+    assert_eq!(runner_descriptors.len(), 4, "{runner_descriptors:?}");
+    assert!(runner_descriptors[3].starts_with("socket:"), "{runner_descriptors:?}");
+    // stdin, stdout, stderr, the allowed root, PID 1's mountinfo, the
+    // listening socket and the runner's. The helper closes a connection right after its
     // answer, so the Ping's may still be open when the answer arrives: wait
     // for it to go (a descriptor that stays is a leak, and fails here).
     let descriptors = || -> Vec<String> {
@@ -203,9 +186,78 @@ fn the_helper_runs_with_least_privilege() {
     };
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut open = descriptors();
-    while open.len() > 6 && Instant::now() < deadline {
+    while open.len() > 7 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
         open = descriptors();
     }
-    assert!(open.len() <= 6, "unexpected descriptors: {open:?}");
+    assert!(open.len() <= 7, "unexpected descriptors: {open:?}");
+}
+
+/// A helper whose runner is gone cannot run a tool: it exits (status 1,
+/// said in its log) for the service manager to start both again, rather
+/// than serve without them; and a runner outlives no helper.
+#[test]
+#[cfg_attr(not_root, ignore = "needs root: the helper")]
+fn the_helper_and_its_runner_end_together() {
+    require_root();
+    let sandbox = Sandbox::new();
+    let mut helper = ebs_csi_tests::Helper::start(&sandbox, &[]);
+    let runner = runner_of(&helper);
+    let kill = |pid: u32| {
+        let pid = rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    };
+    kill(runner);
+    let status = helper.process.exit_within(Duration::from_secs(10));
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{}", helper.process.log());
+    assert!(helper.process.log().contains("the runner process has ended; exiting"));
+    let mut helper = ebs_csi_tests::Helper::start(&sandbox, &[]);
+    let runner = runner_of(&helper);
+    helper.process.kill();
+    wait_until("the runner ends with its helper", Duration::from_secs(10), || {
+        ebs_csi_tests::children::exited(runner)
+    });
+}
+
+/// The pid of `helper`'s runner, once it has named itself.
+fn runner_of(helper: &ebs_csi_tests::Helper) -> u32 {
+    let mut runner = Vec::new();
+    wait_until("the helper's runner", Duration::from_secs(5), || {
+        runner = ebs_csi_tests::children::descendants_named(helper.process.pid(), "ebs-csi-runner");
+        !runner.is_empty()
+    });
+    runner[0]
+}
+
+/// One thread's `/proc/<pid>/task/<tid>/status`.
+struct TaskStatus(String);
+
+impl TaskStatus {
+    fn field(&self, name: &str) -> String {
+        self.0
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap()
+            .trim()
+            .to_owned()
+    }
+
+    fn bits(&self, set: &str) -> u64 {
+        u64::from_str_radix(&self.field(set), 16).unwrap()
+    }
+}
+
+/// The threads of `pid`, by name, with their status. A thread gone meanwhile
+/// (a connection's, which ends right after its answer) has nothing left to
+/// check.
+fn threads(pid: u32) -> Vec<(String, TaskStatus)> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| {
+            let task = task.ok()?.path();
+            let status = std::fs::read_to_string(task.join("status")).ok()?;
+            let name = std::fs::read_to_string(task.join("comm")).ok()?;
+            Some((name.trim().to_owned(), TaskStatus(status)))
+        })
+        .collect()
 }

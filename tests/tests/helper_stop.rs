@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use ebs_csi_helper_proto::{FsType, Reply, Request};
-use ebs_csi_tests::children::{children_named, exited};
+use ebs_csi_tests::children::{descendants_named, exited};
 use ebs_csi_tests::exec_gate::{ExecGate, MKFS};
 use ebs_csi_tests::{Helper, LoopVolume, Sandbox, require_root, spawn, stage_request, wait_until};
 use rustix::process::{Pid, Signal, kill_process};
@@ -35,7 +35,7 @@ fn helper_as_pid_1(sandbox: &Sandbox, extra: &[&str]) -> (Helper, u32) {
         process: spawn("helper", command, sandbox.path().join("helper.log"), &socket),
         socket,
     };
-    let pid = *children_named(helper.process.pid(), "ebs-csi-helper")
+    let pid = *descendants_named(helper.process.pid(), "ebs-csi-helper")
         .first()
         .expect("the helper under unshare");
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -25,7 +25,7 @@ use ebs_csi_helper_proto::{
 use ebs_csi_linux::nvme::identify_controller;
 use ebs_csi_proto::v1::node_client::NodeClient;
 use ebs_csi_proto::v1::{NodeGetInfoRequest, NodeStageVolumeRequest, NodeUnstageVolumeRequest};
-use ebs_csi_tests::children::children_named;
+use ebs_csi_tests::children::descendants_named;
 use ebs_csi_tests::exec_gate::{ExecGate, MKFS};
 use ebs_csi_tests::guest::{
     device_number, find_controller, mount_capability, mount_type, mounted_device, report, serial, volume_stats,
@@ -569,7 +569,7 @@ fn watch_appearance(volume_id: &str, helper: u32) -> (Duration, Duration, bool, 
                 window = true;
             }
             if let Some(namespace_at) = namespace_at
-                && !children_named(helper, "mkfs").is_empty()
+                && !descendants_named(helper, "mkfs").is_empty()
             {
                 return (at, namespace_at, window, start.elapsed());
             }

@@ -156,31 +156,31 @@ async fn units_run_sandboxed() {
         !filter.contains(&"reboot") && !filter.contains(&"init_module"),
         "{filter:?}"
     );
-    // Every thread: bounded to the unit's seven, CAP_SYS_ADMIN alone
-    // effective (the tools' capabilities are effective only in their
-    // children), but the executors' (CAP_KILL too, for a tool's group) and
-    // the grower's, empty until it grows ext4; no_new_privs and seccomp on.
-    for status in thread_statuses(helper) {
-        assert_eq!(
-            field(&status, "CapBnd"),
-            CAP_SYS_ADMIN
-                | CAP_SYS_RESOURCE
-                | CAP_DAC_READ_SEARCH
-                | CAP_DAC_OVERRIDE
-                | CAP_SETUID
-                | CAP_SETGID
-                | CAP_KILL,
-            "{status}"
-        );
-        let effective = match status_line(&status, "Name") {
-            "grower" => 0,
-            "tools" | "formatter" => CAP_SYS_ADMIN | CAP_KILL,
-            _ => CAP_SYS_ADMIN,
-        };
-        assert_eq!(field(&status, "CapEff"), effective, "{status}");
-        assert_eq!((field(&status, "CapInh"), field(&status, "CapAmb")), (0, 0), "{status}");
-        assert_eq!(decimal(&status, "NoNewPrivs"), 1, "{status}");
-        assert_eq!(decimal(&status, "Seccomp"), 2, "{status}");
+    // Every thread of the helper and of its runner: bounded to the unit's
+    // seven, no_new_privs and seccomp on (systemd's filter binds the runner
+    // too); the helper's threads hold CAP_SYS_ADMIN alone, not even
+    // permitted more, and the runner, a process of its own, the seven (the
+    // tools' capabilities are effective only in their children).
+    let seven =
+        CAP_SYS_ADMIN | CAP_SYS_RESOURCE | CAP_DAC_READ_SEARCH | CAP_DAC_OVERRIDE | CAP_SETUID | CAP_SETGID | CAP_KILL;
+    let mut runners = Vec::new();
+    wait_until("the helper's runner", Duration::from_secs(10), || {
+        runners = ebs_csi_tests::children::descendants_named(helper, "ebs-csi-runner");
+        !runners.is_empty()
+    });
+    assert_eq!(runners.len(), 1, "one runner: {runners:?}");
+    for (pid, held) in [(helper, CAP_SYS_ADMIN), (runners[0], seven)] {
+        for status in thread_statuses(pid) {
+            assert_eq!(field(&status, "CapBnd"), seven, "{status}");
+            assert_eq!(
+                (field(&status, "CapEff"), field(&status, "CapPrm")),
+                (held, held),
+                "{status}"
+            );
+            assert_eq!((field(&status, "CapInh"), field(&status, "CapAmb")), (0, 0), "{status}");
+            assert_eq!(decimal(&status, "NoNewPrivs"), 1, "{status}");
+            assert_eq!(decimal(&status, "Seccomp"), 2, "{status}");
+        }
     }
     let helper_exposure = exposure(HELPER);
     let agent_exposure = exposure(AGENT);
