@@ -299,7 +299,7 @@ previous-helper:
 ## preferably to one with this Cargo.lock and release profile: with another
 ## Cargo.lock or another profile the dependencies are built twice, the AWS
 ## SDK for EC2 too.
-PREVIOUS_PACKAGE_COMMIT := 455d674e9b26eeb6a809604e0cc862fd1ae42c10
+PREVIOUS_PACKAGE_COMMIT := 76e1e25c6af38abf30917d1696bcd2f27e2f3789
 PREVIOUS_PACKAGE_DIR := $(abspath $(TARGET_DIR))/previous-package/$(PREVIOUS_PACKAGE_COMMIT)
 previous-package: package-tools
 	+@if ! ls $(PREVIOUS_PACKAGE_DIR)/ebs-csi-node_*.deb >/dev/null 2>&1; then \
