@@ -341,6 +341,20 @@ pub fn anonymous_mib(pid: u32) -> f64 {
     status_mib(pid, "RssAnon:")
 }
 
+/// A process's proportional set size, MiB (`Pss` of
+/// `/proc/PID/smaps_rollup`: each page shared with other processes counted
+/// in shares, so that the helper's and its runner's, which share the pages
+/// of one program, add up to what both cost the node).
+pub fn pss_mib(pid: u32) -> f64 {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    let kib: f64 = rollup
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
 fn status_mib(pid: u32, key: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib: f64 = status
