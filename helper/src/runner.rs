@@ -5,20 +5,21 @@
 //! capabilities are reduced to [`crate::harden::KEPT`]: the runner keeps
 //! those capabilities, its end of a `SOCK_SEQPACKET` socket pair (as fd 3)
 //! and stdio, and closes every other descriptor (the listening socket, the
-//! allowed roots, the mount table). The serving process then keeps `CAP_SYS_ADMIN` alone, so
-//! no thread that reads an agent's request holds `CAP_SETUID`,
-//! `CAP_SETGID` or the tools' capabilities, even permitted.
+//! allowed roots, the mount table). The serving process then keeps
+//! `CAP_SYS_ADMIN` alone, so no thread that reads an agent's request holds
+//! `CAP_SETUID`, `CAP_SETGID` or the tools' capabilities, even permitted.
 //!
 //! Each job is one message on that socket: a [`Work`] in CBOR, with the
 //! job's own socket and the objects it acts on (the verified device, a
 //! mount's root) as `SCM_RIGHTS` descriptors — the runner never resolves a
 //! path the helper names. The runner proves the device again by the
 //! descriptor it was given ([`VerifiedDevice::adopt`], then
-//! [`VerifiedDevice::reverify`] before each tool), answers one [`Reply`]
-//! on the job's socket and closes it; for a tool killed past its time
-//! limit, only once it has reaped it and closed its handle on the device,
-//! so that the helper keeps the device in its stalled set until then
-//! ([`crate::exec`]). The runner takes its tools from its fixed table and
+//! [`VerifiedDevice::reverify`] before each tool), closes its handles on
+//! them, answers one [`Reply`] on the job's socket and closes it; for a
+//! tool killed past its time limit, only once it has reaped it, so that
+//! the helper keeps the device in its stalled set until then
+//! ([`crate::exec`]). A message it cannot read ends it, and so the helper:
+//! only the helper writes on that socket. The runner takes its tools from its fixed table and
 //! its argument lists from the helper, which built them from validated
 //! types; the serving process it trusts that far is the helper itself,
 //! already holding `CAP_SYS_ADMIN`.
