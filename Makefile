@@ -48,6 +48,9 @@ STATIC_DIR := $(STATIC_COPY_DIR)/$(STATIC_TARGET)/release
 endif
 IMAGE_DIR := target/image
 IMAGE_PACKAGES := buildah podman runc
+# The real cluster's node (tests/kube/cluster.sh): containerd 1.6, the CNI
+# plugins, iptables for kube-proxy, busybox-static for the scenarios' pods.
+KUBE_PACKAGES := containerd containernetworking-plugins iptables busybox-static
 
 # The NVMe test VM (tests/tests/nvme_vm.rs): QEMU, Debian's cloud kernel
 # (NVMe and PCI hot-plug built in; xfs and device-mapper as modules) unpacked from its
@@ -80,7 +83,7 @@ DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
 .PHONY: all build test test-steps test-downloads test-build test-run test-background test-cold test-deps \
-	build-copy-test repro-static package-tools docs-tools prebuilt-tools go-tools coverage-build fuzz-build vm-images demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
+	build-copy-test repro-static package-tools docs-tools prebuilt-tools go-tools kube-tools coverage-build fuzz-build vm-images demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
 	install install-files static image image-deps kustomize validate-deploy vm vm-deps repro-check docs \
 	deb rpm packages package-deps
 
@@ -165,6 +168,29 @@ go-tools: deps
 	GO111MODULE=off GOPATH=/usr/share/gocode GOCACHE=$(GO_DIR)/build \
 	  go build -o $(GO_DIR)/bin/kubelet-dial tests/grpc-go/main.go
 
+## kube-tools: the real cluster's programs (#43; tests/kube/cluster.sh),
+## into <target dir>/go/bin beside go-tools': Kubernetes v1.35.4's
+## kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy,
+## kubelet and kubectl and the etcd it is built with, from tests/kube's
+## module (its go.mod says why it replaces the staging modules), reporting
+## their real version; crictl v1.34.0 in its own module (cri-tools requires
+## Kubernetes' v0.34 libraries); and the images no registry can give
+## (tests/kube/images.sh) into <target dir>/go/images, made again only when
+## the script changes.
+KUBE_VERSION_VARS := $(foreach v,gitVersion=v1.35.4 gitMajor=1 gitMinor=35 gitTreeState=clean,-X k8s.io/component-base/version.$(v))
+CRICTL := sigs.k8s.io/cri-tools/cmd/crictl@v1.34.0
+GO_ENV := GOMODCACHE=$(GO_DIR)/mod GOCACHE=$(GO_DIR)/build GOTOOLCHAIN=local
+KUBE_IMAGES_KEY := $(shell sha256sum tests/kube/images.sh | cut -c1-12)
+kube-tools: deps
+	$(call apt_install,$(IMAGE_PACKAGES) $(KUBE_PACKAGES))
+	cd tests/kube && $(GO_ENV) GOFLAGS=-mod=readonly \
+	  go build -trimpath -ldflags '-s -w $(KUBE_VERSION_VARS)' -o $(GO_DIR)/bin/ tool ./etcd
+	$(GO_ENV) GOBIN=$(GO_DIR)/bin go install -trimpath \
+	  -ldflags '-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=v1.34.0' $(CRICTL)
+	@test "$$(cat $(GO_DIR)/images/key 2>/dev/null)" = $(KUBE_IMAGES_KEY) || { \
+	  tests/kube/images.sh "$$(cd tests/kube && $(GO_ENV) go list -m -f '{{.Dir}}' k8s.io/kubernetes)" $(GO_DIR)/images && \
+	  echo $(KUBE_IMAGES_KEY) >$(GO_DIR)/images/key; }
+
 ## moto: moto, the validators and grpcio in a virtual environment made
 ## once per spec and Python outside the clone (beside the cargo cache, a
 ## directory named by their hash); .venv (git-ignored) links to it, so a
@@ -184,7 +210,7 @@ build:
 
 ## test-deps: every Debian package make test uses, in one apt run.
 test-deps:
-	$(call apt_install,$(APT_PACKAGES) $(VM_PACKAGES) $(IMAGE_PACKAGES) $(PACKAGE_TOOLS) $(COVERAGE_PACKAGES))
+	$(call apt_install,$(APT_PACKAGES) $(VM_PACKAGES) $(IMAGE_PACKAGES) $(KUBE_PACKAGES) $(PACKAGE_TOOLS) $(COVERAGE_PACKAGES))
 
 ## test: unit tests, then the root-only integration tests that start the
 ## real helper and agent over loop devices, then the checks of what the
@@ -230,7 +256,7 @@ endef
 
 # What the tests download, one after another in one of make's slots.
 test-downloads:
-	$(MAKE) --no-print-directory -j1 vm-images moto prebuilt-tools go-tools
+	$(MAKE) --no-print-directory -j1 vm-images moto prebuilt-tools go-tools kube-tools
 
 # The debug build of the workspace and of its tests, and the previous helper.
 test-build:

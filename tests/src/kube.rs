@@ -1,0 +1,131 @@
+//! A real single-node Kubernetes for the tests (#43): `tests/kube/cluster.sh`
+//! starts it in a sandbox (etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler, kube-proxy and kubelet v1.35.4 as `make kube-tools`
+//! builds them, Debian's containerd with runc and the CNI bridge) and tears
+//! it down when the [`Cluster`] is dropped, also when the test fails.
+//!
+//! Its world, each assumption broken or checked by `tests/kube_cluster.rs`:
+//! one cluster at a time (fixed addresses and names: nextest runs the
+//! cluster's tests one after another, `.config/nextest.toml`); nothing can
+//! be pulled (every image is an archive `make kube-tools` built, imported at
+//! start); what it leaves outside its directory (iptables chains, the
+//! bridge, the node's address, containerd's and CNI's fixed directories) is
+//! its own to remove.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use crate::{Sandbox, go_tool, repository};
+
+/// The node's name, as kubelet registers it (`cluster.sh`'s `NODE_NAME`).
+pub const NODE_NAME: &str = "ebs-csi-node";
+
+/// The node's address, on the loopback interface; the API server listens
+/// on it, port 6443 (`cluster.sh`'s `NODE_IP`).
+pub const NODE_IP: &str = "10.231.0.1";
+
+/// The CNI bridge `cluster.sh` names.
+pub const BRIDGE: &str = "ebs-cni0";
+
+/// The busybox image the scenarios' pods run (Debian's busybox-static,
+/// `tests/kube/images.sh`).
+pub const BUSYBOX: &str = "localhost/busybox:1.35.0";
+
+/// A running cluster in a sandbox of its own; torn down on drop.
+pub struct Cluster {
+    sandbox: Sandbox,
+    down: bool,
+}
+
+impl Cluster {
+    /// Starts the cluster with the images `make kube-tools` built and
+    /// waits until its node is Ready. Panics with the components' logs
+    /// when it cannot (the script tore down what it started).
+    pub fn up() -> Self {
+        let sandbox = Sandbox::new();
+        let mut command = script("up", &sandbox.path().join("cluster"));
+        for image in ["pause", "busybox"] {
+            command.arg(images_dir().join(format!("{image}.oci.tar")));
+        }
+        let output = command.output().expect("running cluster.sh up");
+        assert!(output.status.success(), "cluster.sh up failed:\n{}", text(&output));
+        Self { sandbox, down: false }
+    }
+
+    /// The cluster's directory (`cluster.sh`'s DIR).
+    pub fn dir(&self) -> PathBuf {
+        self.sandbox.path().join("cluster")
+    }
+
+    /// `kubectl ARGS` as the cluster's admin: its stdout, or a panic with
+    /// both outputs.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        self.kubectl_with(args, "")
+    }
+
+    /// `kubectl ARGS` with `input` on its stdin (a manifest for `apply -f -`).
+    pub fn kubectl_with(&self, args: &[&str], input: &str) -> String {
+        let mut child = Command::new(go_tool("kubectl"))
+            .arg("--kubeconfig")
+            .arg(self.dir().join("admin.kubeconfig"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting kubectl");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("kubectl's stdin");
+        let output = child.wait_with_output().expect("kubectl");
+        assert!(output.status.success(), "kubectl {args:?} failed:\n{}", text(&output));
+        String::from_utf8(output.stdout).expect("kubectl's output is UTF-8")
+    }
+
+    /// Tears the cluster down (`cluster.sh down`), asserting it succeeded;
+    /// the sandbox goes when `self` does.
+    pub fn down(mut self) {
+        self.down = true;
+        let output = script("down", &self.dir()).output().expect("running cluster.sh down");
+        assert!(output.status.success(), "cluster.sh down failed:\n{}", text(&output));
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if !self.down {
+            let _ = script("down", &self.dir()).status();
+        }
+    }
+}
+
+/// `cluster.sh VERB DIR` with the programs of `make kube-tools`.
+fn script(verb: &str, dir: &Path) -> Command {
+    let mut command = Command::new(repository().join("tests/kube/cluster.sh"));
+    command
+        .arg(verb)
+        .arg(dir)
+        .env("KUBE_BIN", go_tool("kubelet").parent().expect("bin"));
+    command
+}
+
+/// The OCI archives `make kube-tools` built (`<target dir>/go/images`).
+fn images_dir() -> PathBuf {
+    go_tool("kubelet")
+        .parent()
+        .and_then(Path::parent)
+        .expect("go dir")
+        .join("images")
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
