@@ -83,7 +83,7 @@ DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
 .PHONY: all build test test-steps test-downloads test-build test-run test-background test-cold test-deps \
-	build-copy-test repro-static package-tools docs-tools prebuilt-tools go-tools kube-tools coverage-build fuzz-build vm-images demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
+	build-copy-test repro-static package-tools docs-tools prebuilt-tools go-tools kube-tools image-build coverage-build fuzz-build vm-images demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
 	install install-files static image image-deps kustomize validate-deploy vm vm-deps repro-check docs \
 	deb rpm packages package-deps
 
@@ -176,7 +176,9 @@ go-tools: deps
 ## their real version; crictl v1.34.0 in its own module (cri-tools requires
 ## Kubernetes' v0.34 libraries); and the images no registry can give
 ## (tests/kube/images.sh) into <target dir>/go/images, made again only when
-## the script changes.
+## the script changes; and the CSI sidecars the chart pins, each from its
+## own module (tests/kube/sidecars.tsv, sidecars.sh), with their images,
+## into <target dir>/go/sidecars.
 KUBE_VERSION_VARS := $(foreach v,gitVersion=v1.35.4 gitMajor=1 gitMinor=35 gitTreeState=clean,-X k8s.io/component-base/version.$(v))
 CRICTL := sigs.k8s.io/cri-tools/cmd/crictl@v1.34.0
 GO_ENV := GOMODCACHE=$(GO_DIR)/mod GOCACHE=$(GO_DIR)/build GOTOOLCHAIN=local
@@ -190,6 +192,7 @@ kube-tools: deps
 	@test "$$(cat $(GO_DIR)/images/key 2>/dev/null)" = $(KUBE_IMAGES_KEY) || { \
 	  tests/kube/images.sh "$$(cd tests/kube && $(GO_ENV) go list -m -f '{{.Dir}}' k8s.io/kubernetes)" $(GO_DIR)/images && \
 	  echo $(KUBE_IMAGES_KEY) >$(GO_DIR)/images/key; }
+	$(GO_ENV) tests/kube/sidecars.sh $(GO_DIR)/sidecars
 
 ## moto: moto, the validators and grpcio in a virtual environment made
 ## once per spec and Python outside the clone (beside the cargo cache, a
@@ -241,7 +244,7 @@ test: test-deps
 # side by side (cargo-nextest, see test-run); the checks two at a time,
 # each one's output printed whole when it ends.
 test-steps:
-	+@$(call phase,the downloads and the builds the tests need,-j3 test-downloads package-tools test-build previous-package static)
+	+@$(call phase,the downloads and the builds the tests need,-j3 test-downloads package-tools test-build previous-package static image-build)
 	+@$(call phase,the VMs' disks,vm)
 	+@$(call phase,the tests (and the checks' builds under them),-j2 test-run test-background)
 	+@$(call phase,the checks,-j2 --output-sync=target bench-smoke fuzz-smoke validate-deploy instance-types \
@@ -528,10 +531,14 @@ $(VM_DIR)/vmlinuz: $(VM_DIR)/kernel.deb
 ## image: the OCI images ebs-csi and ebs-csi-helper under target/image
 ## (deploy/image/build.sh), a CycloneDX SBOM of each (deploy/image/sbom.py),
 ## then each binary's --help run inside them.
-image: image-deps static sbom
-	deploy/image/build.sh $(STATIC_DIR) $(IMAGE_DIR) $(VERSION)
+image: image-build sbom
 	python3 deploy/image/sbom.py $(IMAGE_DIR) $(VERSION)
 	deploy/image/check.sh $(IMAGE_DIR) $(VERSION)
+
+## image-build: the two OCI images alone, which the real cluster's tests
+## import (make test builds them before its tests).
+image-build: image-deps static
+	deploy/image/build.sh $(STATIC_DIR) $(IMAGE_DIR) $(VERSION)
 
 ## deb, rpm: the Debian and RPM packages ebs-csi-node and ebs-csi-controller
 ## of the static binaries, with their SBOMs, under target/packages

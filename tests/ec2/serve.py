@@ -894,6 +894,7 @@ def drop(environ):
 def main():
     parser = argparse.ArgumentParser(description="moto's EC2 with EC2's timing and consistency")
     parser.add_argument("port", type=int)
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (the real cluster's node address for its pods)")
     parser.add_argument("--seed", type=int, default=random.SystemRandom().randrange(2**32))
     parser.add_argument("--lag", type=float, default=0.5, help="seconds a new resource stays out of Describe calls")
     parser.add_argument("--create", type=float, default=0.5, help="seconds a volume is `creating`")
@@ -917,7 +918,7 @@ def main():
     # reads it when it makes a region's EC2 backend, at its first call.
     os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = "false"
     app = DomainDispatcherApplication(create_backend_app)
-    run_simple("127.0.0.1", args.port, middleware(app), threaded=True, request_handler=MotoRequestHandler)
+    run_simple(args.host, args.port, middleware(app), threaded=True, request_handler=MotoRequestHandler)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,20 @@
 #         interfaces, kube-proxy's iptables chains, the cgroups kubelet made,
 #         what containerd and the CNI plugins keep outside DIR, and DIR.
 # KUBE_BIN names the programs' directory; KUBELET_ROOT kubelet's root
-# directory (DIR/kubelet by default; a chart takes it as node.kubeletPath).
+# directory (DIR/kubelet by default; a chart takes it as node.kubeletPath);
+# NODE_TAINTS the taints kubelet registers the node with (KEY=VALUE:EFFECT,
+# ..., as node groups give theirs). There is no cloud controller manager:
+# a test that needs the node's providerID and cloud labels sets them as the
+# AWS one would.
 #
 # Its world: the machine's cgroups are v1 (kubelet 1.35 starts on them only
 # with failCgroupV1: false), there is no systemd (everything runs as this
 # shell's children), no registry and no route out (the node, its API server
 # and etcd listen on an address of their own on the loopback interface; pods reach the API server's
 # Service through kube-proxy's DNAT, no masquerade), and one cluster runs at
-# a time (the names below are fixed).
+# a time (the names below are fixed). /dev is made a shared mount, as
+# systemd makes it on a real node (a pod's HostToContainer mount of /dev
+# needs it), and made private again by down when up found it so.
 set -eu
 
 NODE_IP=10.231.0.1
@@ -175,6 +181,10 @@ up() {
     trap 'failed' EXIT
     pki
     network
+    if [ "$(findmnt -no PROPAGATION /dev)" = private ]; then
+        mount --make-shared /dev
+        touch "$dir/dev-was-private"
+    fi
     start etcd "$bin/etcd" --name test --data-dir "$dir/etcd" \
         --listen-client-urls "http://$NODE_IP:2379" --advertise-client-urls "http://$NODE_IP:2379" \
         --listen-peer-urls "http://$NODE_IP:2380" --initial-advertise-peer-urls "http://$NODE_IP:2380" \
@@ -207,7 +217,8 @@ up() {
         --conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0
     kubelet_config
     start kubelet "$bin/kubelet" --config "$dir/kubelet.yaml" --kubeconfig "$dir/kubelet.kubeconfig" \
-        --root-dir "$KUBELET_ROOT" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP"
+        --root-dir "$KUBELET_ROOT" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" \
+        --register-with-taints "${NODE_TAINTS:-}"
     wait_for "node $NODE_NAME Ready" 120 kubectl wait --for condition=Ready --timeout 1s "node/$NODE_NAME"
     trap - EXIT
 }
@@ -276,6 +287,7 @@ down() {
     for hierarchy in /sys/fs/cgroup/*/; do
         [ -d "${hierarchy}kubepods" ] && find "${hierarchy}kubepods" -depth -type d -exec rmdir {} + 2>/dev/null
     done
+    [ -f "$dir/dev-was-private" ] && mount --make-private /dev
     ip addr del "$NODE_IP/32" dev lo 2>/dev/null
     ip link del "$BRIDGE" 2>/dev/null
     find /var/log/containers -lname "$dir/*" -delete 2>/dev/null

@@ -39,15 +39,24 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Starts the cluster with the images `make kube-tools` built and
-    /// waits until its node is Ready. Panics with the components' logs
-    /// when it cannot (the script tore down what it started).
+    /// Starts the cluster with the pause and busybox images and waits
+    /// until its node is Ready. Panics with the components' logs when it
+    /// cannot (the script tore down what it started).
     pub fn up() -> Self {
+        Self::up_with(&[], &[])
+    }
+
+    /// [`Cluster::up`] with `cluster.sh`'s settings `env` (`NODE_TAINTS`,
+    /// `KUBELET_ROOT`) and the OCI archives
+    /// `images` imported besides.
+    pub fn up_with(env: &[(&str, &str)], images: &[PathBuf]) -> Self {
         let sandbox = Sandbox::new();
         let mut command = script("up", &sandbox.path().join("cluster"));
+        command.envs(env.iter().copied());
         for image in ["pause", "busybox"] {
             command.arg(images_dir().join(format!("{image}.oci.tar")));
         }
+        command.args(images);
         let output = command.output().expect("running cluster.sh up");
         assert!(output.status.success(), "cluster.sh up failed:\n{}", text(&output));
         Self { sandbox, down: false }
@@ -86,6 +95,55 @@ impl Cluster {
         String::from_utf8(output.stdout).expect("kubectl's output is UTF-8")
     }
 
+    /// `helm ARGS` against the cluster (helm of `make go-tools`): its
+    /// stdout, or a panic with both outputs.
+    pub fn helm(&self, args: &[&str]) -> String {
+        let output = Command::new(go_tool("helm"))
+            .arg("--kubeconfig")
+            .arg(self.dir().join("admin.kubeconfig"))
+            .args(args)
+            .output()
+            .expect("helm");
+        assert!(output.status.success(), "helm {args:?} failed:\n{}", text(&output));
+        String::from_utf8(output.stdout).expect("helm's output is UTF-8")
+    }
+
+    /// The volume snapshot CRDs (VolumeGroupSnapshot's among them) and the
+    /// snapshot-controller with group snapshots on, from the
+    /// external-snapshotter release `tests/kube/sidecars.tsv` pins: its
+    /// `client/config/crd` and `deploy/kubernetes/snapshot-controller`,
+    /// its Deployment running the image `make kube-tools` built.
+    pub fn install_snapshot_controller(&self) {
+        let (image, module, version) = sidecar("snapshot-controller");
+        let modules = images_dir().parent().expect("go dir").join("mod");
+        let client = modules.join(format!(
+            "{}/client/v8@{version}/config/crd",
+            module.trim_end_matches("/v8")
+        ));
+        for crd in std::fs::read_dir(&client)
+            .expect("the snapshot CRDs")
+            .map(|e| e.expect("entry").path())
+        {
+            if crd.extension().is_some_and(|e| e == "yaml") && !crd.ends_with("kustomization.yaml") {
+                self.kubectl(&["apply", "-f", &crd.to_string_lossy()]);
+            }
+        }
+        let deploy = modules.join(format!("{module}@{version}/deploy/kubernetes/snapshot-controller"));
+        self.kubectl(&[
+            "apply",
+            "-f",
+            &deploy.join("rbac-snapshot-controller.yaml").to_string_lossy(),
+        ]);
+        let setup = std::fs::read_to_string(deploy.join("setup-snapshot-controller.yaml")).expect("its Deployment");
+        let (before, after) = setup.split_once("image: ").expect("its image");
+        let (_, rest) = after.split_once('\n').expect("its image's line");
+        let (indent, rest) = rest.split_once("args:\n").expect("its args");
+        let deployment = format!(
+            "{before}image: {image}\n{indent}args:\n            - \"--feature-gates=CSIVolumeGroupSnapshot=true\"\n{rest}"
+        );
+        self.kubectl_with(&["apply", "-f", "-"], &deployment);
+    }
+
     /// Tears the cluster down (`cluster.sh down`), asserting it succeeded;
     /// the sandbox goes when `self` does.
     pub fn down(mut self) {
@@ -111,6 +169,37 @@ fn script(verb: &str, dir: &Path) -> Command {
         .arg(dir)
         .env("KUBE_BIN", go_tool("kubelet").parent().expect("bin"));
     command
+}
+
+/// The image, module and version of the sidecar `name` in
+/// `tests/kube/sidecars.tsv`.
+pub fn sidecar(name: &str) -> (String, String, String) {
+    let table = std::fs::read_to_string(repository().join("tests/kube/sidecars.tsv")).expect("sidecars.tsv");
+    table
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .map(|line| line.split('\t').map(str::to_owned).collect::<Vec<_>>())
+        .find(|row| row[3].ends_with(&format!("/{name}")))
+        .map(|row| (row[0].clone(), row[1].clone(), row[2].clone()))
+        .unwrap_or_else(|| panic!("{name} is not in sidecars.tsv"))
+}
+
+/// Every image the driver's manifests name: the sidecars
+/// (`<target dir>/go/sidecars`, `make kube-tools`) and the project's own
+/// (`target/image`, `make image-build`).
+pub fn driver_images() -> Vec<PathBuf> {
+    let sidecars = images_dir().parent().expect("go dir").join("sidecars");
+    let mut images = Vec::new();
+    for dir in [sidecars, repository().join("target/image")] {
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("entry").path();
+            if path.to_string_lossy().ends_with(".oci.tar") {
+                images.push(path);
+            }
+        }
+    }
+    images.sort();
+    images
 }
 
 /// The OCI archives `make kube-tools` built (`<target dir>/go/images`).

@@ -17,13 +17,11 @@ use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use ebs_csi_proto::v1::*;
 use tonic::transport::Channel;
 
-use crate::moto::{Controller, Moto};
+use crate::moto::{Controller, Moto, REGION, ZONE};
 use crate::{Agent, Helper, Process, Sandbox, binary, spawn};
 
 mod backup;
 
-const REGION: &str = "us-east-1";
-const ZONE: &str = "us-east-1a";
 const GIB: i64 = 1 << 30;
 const CONTENT: &str = "written before the snapshot\n";
 

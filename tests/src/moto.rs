@@ -20,13 +20,19 @@ use tonic::transport::Channel;
 
 use crate::{Process, Sandbox, binary, channel, spawn, wait_until};
 
+/// The region the tests' EC2 answers for, and the zone of their instances.
+pub const REGION: &str = "us-east-1";
+/// See [`REGION`].
+pub const ZONE: &str = "us-east-1a";
+
 /// The moto server of a test, killed on drop.
 pub struct Moto {
     child: Child,
     /// moto's working directory (its request recorder writes a file there).
     _dir: tempfile::TempDir,
-    /// `http://127.0.0.1:PORT`.
+    /// `http://HOST:PORT`.
     pub endpoint: String,
+    host: String,
     port: u16,
 }
 
@@ -41,6 +47,11 @@ impl Moto {
     /// `--create`, …). The seed of its timing is `EBS_CSI_EC2_SEED` or a
     /// random one, printed (a failed test shows it; set it to replay).
     pub fn start_with(args: &[&str]) -> Self {
+        Self::start_seeded(&Self::seed(), args)
+    }
+
+    /// `EBS_CSI_EC2_SEED` or a random seed, printed.
+    fn seed() -> String {
         let seed = std::env::var("EBS_CSI_EC2_SEED").unwrap_or_else(|_| {
             let clock = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -48,12 +59,22 @@ impl Moto {
             (u64::from(std::process::id()) ^ u64::from(clock.subsec_nanos())).to_string()
         });
         eprintln!("moto: EBS_CSI_EC2_SEED={seed}");
-        Self::start_seeded(&seed, args)
+        seed
+    }
+
+    /// [`Moto::start_with`] listening on `host` (an address of this
+    /// machine: the real cluster's node address, which its pods reach).
+    pub fn start_on(host: &str, args: &[&str]) -> Self {
+        Self::start_seeded_on(host, &Self::seed(), args)
     }
 
     /// [`Moto::start_with`] with serve.py's timing seeded by `seed`.
     pub fn start_seeded(seed: &str, args: &[&str]) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
+        Self::start_seeded_on("127.0.0.1", seed, args)
+    }
+
+    fn start_seeded_on(host: &str, seed: &str, args: &[&str]) -> Self {
+        let port = TcpListener::bind((host, 0))
             .and_then(|l| l.local_addr())
             .expect("free port")
             .port();
@@ -64,7 +85,7 @@ impl Moto {
         let child = Command::new(crate::venv_program("python"))
             .arg(crate::repository().join("tests/ec2/serve.py"))
             .arg(port.to_string())
-            .args(["--seed", seed])
+            .args(["--host", host, "--seed", seed])
             .args(args)
             .current_dir(dir.path())
             .stdout(Stdio::null())
@@ -74,7 +95,8 @@ impl Moto {
         let moto = Self {
             child,
             _dir: dir,
-            endpoint: format!("http://127.0.0.1:{port}"),
+            endpoint: format!("http://{host}:{port}"),
+            host: host.to_owned(),
             port,
         };
         wait_until("moto to answer", Duration::from_secs(30), || {
@@ -85,7 +107,7 @@ impl Moto {
 
     /// One HTTP/1.1 request; the body of a 2xx answer, `None` otherwise.
     pub fn http(&self, method: &str, path: &str, body: &str) -> Option<String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        let mut stream = TcpStream::connect((self.host.as_str(), self.port)).ok()?;
         let request = format!(
             "{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/x-www-form-urlencoded\r\n\
              authorization: AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/ec2/aws4_request\r\n\
@@ -110,7 +132,7 @@ impl Moto {
         for (k, v) in params {
             body.push_str(&format!("&{k}={v}"));
         }
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        let mut stream = TcpStream::connect((self.host.as_str(), self.port)).expect("connect");
         let request = format!(
             "POST / HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/x-www-form-urlencoded\r\n\
              authorization: AWS4-HMAC-SHA256 Credential=testing/20260101/{region}/ec2/aws4_request\r\n\

@@ -12,14 +12,12 @@ use ebs_csi_proto::v1::controller_client::ControllerClient;
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use ebs_csi_proto::v1::*;
-use ebs_csi_tests::moto::{Controller, Moto, assert_tags, xml_values};
+use ebs_csi_tests::moto::{Controller, Moto, REGION, ZONE, assert_tags, xml_values};
 use ebs_csi_tests::nomad::{self, NomadClient};
 use ebs_csi_tests::{Sandbox, require_root};
 use tonic::Code;
 use tonic::transport::Channel;
 
-const REGION: &str = "us-east-1";
-const ZONE: &str = "us-east-1a";
 const GIB: i64 = 1 << 30;
 
 struct Setup {

@@ -21,7 +21,7 @@ use ebs_csi_tests::{mounts_under, repository, require_root, wait_until};
 /// What the cluster may leave outside its directory, each printed as it is
 /// now: the node's address, the bridge, the iptables chains kube-proxy and
 /// kubelet make, containerd's and CNI's fixed directories, the cgroups
-/// kubelet makes, a containerd shim.
+/// kubelet makes, a containerd shim, /dev's propagation (made shared).
 fn outside_state() -> Vec<String> {
     let run = |program: &str, args: &[&str]| {
         String::from_utf8(Command::new(program).args(args).output().unwrap().stdout).unwrap()
@@ -33,6 +33,7 @@ fn outside_state() -> Vec<String> {
         ),
         format!("bridge: {}", Path::new("/sys/class/net").join(BRIDGE).exists()),
         format!("containerd shims: {}", run("pgrep", &["-c", "containerd-shim"]).trim()),
+        format!("/dev: {}", run("findmnt", &["-no", "PROPAGATION", "/dev"]).trim()),
     ];
     for program in ["iptables-save", "ip6tables-save"] {
         let chains: Vec<_> = run(program, &[])

@@ -16,10 +16,8 @@ use ebs_csi_proto::v1::plugin_capability::service;
 use ebs_csi_proto::v1::{GetPluginCapabilitiesRequest, GetPluginInfoRequest, ProbeRequest};
 use ebs_csi_tests::Sandbox;
 use ebs_csi_tests::changed_blocks::{self, BLOCK, Listing, write_blocks};
-use ebs_csi_tests::moto::{Controller, Moto, xml_values};
+use ebs_csi_tests::moto::{Controller, Moto, REGION, ZONE, xml_values};
 
-const REGION: &str = "us-east-1";
-const ZONE: &str = "us-east-1a";
 const GIB: i64 = 1 << 30;
 
 struct Setup {

@@ -272,6 +272,12 @@ spec:
               mountPath: /csi
             - name: registration-dir
               mountPath: /registration
+            # Where the registrar touches `registration` once kubelet has
+            # asked for its info, and its exec probe looks for it: beside
+            # --kubelet-registration-path, inside this container (the root
+            # filesystem is read-only). As the Go chart mounts it.
+            - name: probe-dir
+              mountPath: {{ $kubelet }}/plugins/ebs.csi.aws.com/
         - name: liveness-probe
           {{- include "ebs-csi.sidecar" (list $s.livenessProbe $root) | nindent 10 }}
           args:
@@ -313,6 +319,8 @@ spec:
           hostPath:
             path: {{ $kubelet }}/plugins_registry/
             type: Directory
+        - name: probe-dir
+          emptyDir: {}
         - name: kubelet-dir
           hostPath:
             path: {{ $kubelet }}
