@@ -16,7 +16,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use crate::{Sandbox, go_tool, repository};
+use crate::moto::{Moto, REGION, ZONE};
+use crate::{Process, Sandbox, go_tool, repository};
 
 /// The node's name, as kubelet registers it (`cluster.sh`'s `NODE_NAME`).
 pub const NODE_NAME: &str = "ebs-csi-node";
@@ -144,6 +145,44 @@ impl Cluster {
         self.kubectl_with(&["apply", "-f", "-"], &deployment);
     }
 
+    /// Waits until every pod is Ready (3 minutes at most), then asserts
+    /// that no container restarted: a sidecar that refuses a flag it is
+    /// given, or a probe that fails, restarts its container.
+    pub fn wait_until_every_pod_is_ready(&self) {
+        let pods = || self.kubectl(&["get", "pods", "--all-namespaces", "-o", "wide"]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        loop {
+            let ready = self.kubectl(&[
+                "get",
+                "pods",
+                "--all-namespaces",
+                "-o",
+                r#"jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}"#,
+            ]);
+            if !ready.is_empty() && ready.lines().all(|s| s == "True") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "pods not Ready within 3 minutes:\n{}",
+                pods()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+        let restarts = self.kubectl(&[
+            "get",
+            "pods",
+            "--all-namespaces",
+            "-o",
+            r#"jsonpath={range .items[*].status.containerStatuses[*]}{.name} {.restartCount}{"\n"}{end}"#,
+        ]);
+        assert!(
+            restarts.lines().all(|l| l.ends_with(" 0")),
+            "containers restarted:\n{restarts}\n{}",
+            pods()
+        );
+    }
+
     /// Tears the cluster down (`cluster.sh down`), asserting it succeeded;
     /// the sandbox goes when `self` does.
     pub fn down(mut self) {
@@ -169,6 +208,95 @@ fn script(verb: &str, dir: &Path) -> Command {
         .arg(dir)
         .env("KUBE_BIN", go_tool("kubelet").parent().expect("bin"));
     command
+}
+
+/// The driver's startup taint, which node groups register their nodes with
+/// and the agent removes once it is ready (`agent/src/taint.rs`).
+pub const STARTUP_TAINT: &str = "ebs.csi.aws.com/agent-not-ready";
+
+/// The driver installed from the chart with the `standard` overlay's values
+/// on a cluster's node: EC2 is moto behind serve.py on the node's address,
+/// the node is the instance it runs as (its providerID and its zone and
+/// instance-type labels, as the AWS cloud controller manager sets them),
+/// the snapshot CRDs and snapshot-controller are installed, and where asked
+/// the attach simulator plays the instance's hypervisor: an attached
+/// volume is a loop device with an EBS volume's links in `<DIR>/dev`, which
+/// the agent takes as its device tree (`--dev-dir`) and the helper accepts
+/// (`--allow-loop-devices`).
+pub struct Driver {
+    /// The instance the node runs as.
+    pub instance: String,
+    /// EC2.
+    pub moto: Moto,
+    _simulator: Option<Process>,
+}
+
+impl Driver {
+    /// Installs the driver on `cluster` (registered with [`STARTUP_TAINT`]),
+    /// with the attach simulator when `devices`; returns once helm has.
+    pub fn install(cluster: &Cluster, devices: bool) -> Self {
+        let moto = Moto::start_on(NODE_IP, &[]);
+        let instance = moto.run_instance(REGION, ZONE);
+        cluster.kubectl(&[
+            "patch",
+            "node",
+            NODE_NAME,
+            "--patch",
+            &format!(r#"{{"spec": {{"providerID": "aws:///{ZONE}/{instance}"}}}}"#),
+        ]);
+        cluster.kubectl(&[
+            "label",
+            "node",
+            NODE_NAME,
+            &format!("topology.kubernetes.io/zone={ZONE}"),
+            &format!("topology.kubernetes.io/region={REGION}"),
+            "node.kubernetes.io/instance-type=m5.large",
+        ]);
+        cluster.install_snapshot_controller();
+
+        let env = format!(
+            r#"[{{"name": "AWS_ENDPOINT_URL_EC2", "value": "{0}"}}, {{"name": "AWS_ENDPOINT_URL_EBS", "value": "{0}"}},
+                {{"name": "AWS_ACCESS_KEY_ID", "value": "testing"}}, {{"name": "AWS_SECRET_ACCESS_KEY", "value": "testing"}}]"#,
+            moto.endpoint
+        );
+        let chart = repository().join("charts/aws-ebs-csi-driver");
+        let values = repository().join("deploy/kubernetes/overlays/standard/values.yaml");
+        let mut args = vec![
+            "install".to_owned(),
+            "ebs-csi".to_owned(),
+            chart.to_string_lossy().into_owned(),
+            "--namespace=kube-system".to_owned(),
+            format!("--values={}", values.display()),
+            format!(
+                "--set=node.kubeletPath={},controller.region={REGION}",
+                cluster.dir().join("kubelet").display()
+            ),
+            format!("--set-json=controller.env={env}"),
+        ];
+        let simulator = devices.then(|| {
+            let dev = cluster.dir().join("dev");
+            let simulator = crate::lifecycle::start_simulator(&cluster.dir(), &moto.endpoint, &instance);
+            args.extend([
+                format!("--set-json=node.additionalArgs=[\"--dev-dir={}\"]", dev.display()),
+                format!(
+                    r#"--set-json=node.volumes=[{{"name": "ebs-dev", "hostPath": {{"path": "{}"}}}}]"#,
+                    dev.display()
+                ),
+                format!(
+                    r#"--set-json=node.volumeMounts=[{{"name": "ebs-dev", "mountPath": "{}"}}]"#,
+                    dev.display()
+                ),
+                "--set-json=node.helper.additionalArgs=[\"--allow-loop-devices\"]".to_owned(),
+            ]);
+            simulator
+        });
+        cluster.helm(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        Self {
+            instance,
+            moto,
+            _simulator: simulator,
+        }
+    }
 }
 
 /// The image, module and version of the sidecar `name` in

@@ -310,7 +310,10 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
         })
 }
 
-fn start_simulator(dir: &Path, endpoint: &str, instance_id: &str) -> Process {
+/// The attach simulator for `instance_id` on the EC2 at `endpoint`: its
+/// device tree `<dir>/dev`, its backing files `<dir>/ebs`, its log
+/// `<dir>/attach-sim.log`; returns once it is ready.
+pub fn start_simulator(dir: &Path, endpoint: &str, instance_id: &str) -> Process {
     let ready = dir.join("attach-sim.ready");
     let mut command = Command::new(binary("ebs-csi-attach-sim"));
     command

@@ -227,6 +227,9 @@ spec:
             - --socket-group=990
             - --allowed-uid=990
             - --allowed-root={{ $kubelet }}
+            {{- range $n.helper.additionalArgs }}
+            - {{ . }}
+            {{- end }}
           securityContext:
             runAsNonRoot: false
             runAsUser: 0

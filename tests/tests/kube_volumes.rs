@@ -1,0 +1,136 @@
+//! A volume's life through a real cluster (#43 item 4;
+//! `ebs_csi_tests::kube`): the `standard` overlay installed from the chart,
+//! the real csi-provisioner, csi-attacher and kubelet driving the driver,
+//! EC2 as moto behind serve.py with the attach simulator playing the
+//! instance's hypervisor (an attached volume is a loop device with an EBS
+//! volume's links).
+//!
+//! A claim of a WaitForFirstConsumer class is provisioned in the zone of
+//! the pod's node, with both topology keys on its PersistentVolume; a pod
+//! writes to it, is deleted, and a second pod reads what it wrote; the
+//! claim deleted, the volume is gone from EC2 and nothing of it is left
+//! attached, mounted or as a device on the node.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration tests: a failed step fails the test"
+)]
+
+use std::time::Duration;
+
+use ebs_csi_tests::kube::{BUSYBOX, Cluster, Driver, driver_images};
+use ebs_csi_tests::moto::{REGION, ZONE};
+use ebs_csi_tests::{mounts_under, require_root, wait_until};
+
+/// A gp3 class that waits for the first consumer, and a 1 GiB claim of it.
+const CLASS_AND_CLAIM: &str = r#"
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: ebs-gp3}
+provisioner: ebs.csi.aws.com
+volumeBindingMode: WaitForFirstConsumer
+parameters: {type: gp3, csi.storage.k8s.io/fstype: ext4}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: ebs-gp3
+  resources: {requests: {storage: 1Gi}}
+"#;
+
+/// A pod that runs `script` with the claim at /data, once.
+fn pod(name: &str, script: &str) -> String {
+    format!(
+        r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "{name}"}},
+          "spec": {{"restartPolicy": "Never", "dnsPolicy": "Default",
+            "containers": [{{"name": "{name}", "image": "{BUSYBOX}", "args": ["sh", "-c", "{script}"],
+              "volumeMounts": [{{"name": "data", "mountPath": "/data"}}]}}],
+            "volumes": [{{"name": "data", "persistentVolumeClaim": {{"claimName": "data"}}}}]}}}}"#
+    )
+}
+
+/// Runs the pod `name` with `script` to its end, asserting that it
+/// succeeded, and returns its log.
+fn run(cluster: &Cluster, name: &str, script: &str) -> String {
+    cluster.kubectl_with(&["apply", "-f", "-"], &pod(name, script));
+    let phase = || cluster.kubectl(&["get", "pod", name, "-o", "jsonpath={.status.phase}"]);
+    wait_until(&format!("pod {name} to end"), Duration::from_secs(180), || {
+        matches!(phase().as_str(), "Succeeded" | "Failed")
+    });
+    let events = cluster.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        &format!("involvedObject.name={name}"),
+    ]);
+    assert_eq!(phase(), "Succeeded", "{events}");
+    cluster.kubectl(&["logs", name])
+}
+
+#[test]
+fn a_dynamic_volume_keeps_its_data_across_pods_and_goes_with_its_claim() {
+    require_root();
+    let cluster = Cluster::up_with(&[], &driver_images());
+    let driver = Driver::install(&cluster, true);
+    cluster.wait_until_every_pod_is_ready();
+    cluster.kubectl_with(&["apply", "-f", "-"], CLASS_AND_CLAIM);
+    // WaitForFirstConsumer: nothing is provisioned before a pod uses it.
+    assert_eq!(
+        cluster.kubectl(&["get", "pvc", "data", "-o", "jsonpath={.status.phase}"]),
+        "Pending"
+    );
+
+    assert_eq!(
+        run(&cluster, "writer", "echo kept > /data/file && sync && cat /data/file"),
+        "kept\n"
+    );
+    let pv = cluster.kubectl(&["get", "pvc", "data", "-o", "jsonpath={.spec.volumeName}"]);
+    let volume = cluster.kubectl(&["get", "pv", &pv, "-o", "jsonpath={.spec.csi.volumeHandle}"]);
+    assert!(volume.starts_with("vol-"), "{volume}");
+    let affinity = cluster.kubectl(&["get", "pv", &pv, "-o", "jsonpath={.spec.nodeAffinity.required}"]);
+    for key in ["topology.ebs.csi.aws.com/zone", "topology.kubernetes.io/zone"] {
+        assert!(affinity.contains(key) && affinity.contains(ZONE), "{affinity}");
+    }
+    let described = driver.moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume)]);
+    assert!(
+        described.contains(&format!("<instanceId>{}</instanceId>", driver.instance)),
+        "{described}"
+    );
+
+    cluster.kubectl(&["delete", "pod", "writer", "--wait"]);
+    assert_eq!(run(&cluster, "reader", "cat /data/file"), "kept\n");
+    cluster.kubectl(&["delete", "pod", "reader", "--wait"]);
+
+    cluster.kubectl(&["delete", "pvc", "data", "--wait"]);
+    wait_until("the PersistentVolume to go", Duration::from_secs(120), || {
+        cluster.kubectl(&["get", "pv", "-o", "name"]).is_empty()
+    });
+    wait_until("the volume to go from EC2", Duration::from_secs(60), || {
+        driver
+            .moto
+            .ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume)])
+            .contains("InvalidVolume.NotFound")
+    });
+    assert_eq!(cluster.kubectl(&["get", "volumeattachments", "-o", "name"]), "");
+    let csi_mounts: Vec<String> = mounts_under(&cluster.dir().join("kubelet"))
+        .into_iter()
+        .filter(|m| m.contains("/kubernetes.io~csi/") || m.contains("/plugins/kubernetes.io/csi/"))
+        .collect();
+    assert_eq!(csi_mounts, Vec::<String>::new());
+    // The instance's root volume keeps its links; the deleted one has none.
+    let serial = volume.replace('-', "");
+    let links: Vec<String> = std::fs::read_dir(cluster.dir().join("dev/disk/by-id"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        links.iter().all(|l| !l.contains(&serial)),
+        "the volume's links outlived its detach: {links:?}"
+    );
+    assert_eq!(links.len(), 1, "{links:?}");
+
+    cluster.helm(&["uninstall", "ebs-csi", "--namespace", "kube-system", "--wait"]);
+    cluster.down();
+}
