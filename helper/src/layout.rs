@@ -41,6 +41,9 @@ pub struct Binding<'p> {
 pub enum Role {
     /// A filesystem volume's staging path (Stage, Unstage, Publish's source).
     Staging,
+    /// kubelet's staging path of a raw block volume (Unstage), where
+    /// nothing is staged: the agent publishes such a volume from its device.
+    BlockStaging,
     /// A filesystem volume's target path (Publish of a staged volume).
     Target,
     /// A raw block volume's target path (Publish of a device).
@@ -59,7 +62,9 @@ impl Layout {
     ///   Kubernetes 1.24 and later, and the minimum is 1.33); target `pods/<pod uid>/volumes/kubernetes.io~csi/<pv>/mount`
     ///   (`csi_mounter.go`, `GetPath`); raw block target
     ///   `plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<pod uid>`
-    ///   (`csi_block.go`, `getPublishPath`);
+    ///   (`csi_block.go`, `getPublishPath`); raw block staging
+    ///   `plugins/kubernetes.io/csi/volumeDevices/staging/<pv>`
+    ///   (`csi_block.go`, `getStagingPath`);
     /// - Nomad (`client/pluginmanager/csimanager/volume.go`): staging
     ///   `staging/<namespace>/<volume>/<usage>` (`stagingDirForVolume`; the
     ///   namespace came with Nomad 1.5's per-namespace volume ids, before it
@@ -76,6 +81,13 @@ impl Layout {
         let block = || self.is_block_target(below);
         match role {
             Role::Staging => staging(),
+            Role::BlockStaging => matches!(
+                (self, below),
+                (
+                    Self::Kubelet,
+                    ["plugins", "kubernetes.io", "csi", "volumeDevices", "staging", _]
+                )
+            ),
             Role::Target => target(),
             Role::BlockTarget => block(),
             Role::AnyTarget => target() || block(),
@@ -192,6 +204,15 @@ mod tests {
             "pods/uid/volumes/kubernetes.io~csi/pv-1/mount"
         ));
         assert!(kubelet(Role::Volume, &staging));
+        let block_staging = "plugins/kubernetes.io/csi/volumeDevices/staging/pv-1";
+        assert!(kubelet(Role::BlockStaging, block_staging));
+        assert!(!kubelet(Role::Staging, block_staging), "nothing is staged there");
+        assert!(!kubelet(Role::BlockStaging, &staging));
+        assert!(!kubelet(
+            Role::BlockStaging,
+            "plugins/kubernetes.io/csi/volumeDevices/staging/pv-1/x"
+        ));
+        assert!(!Layout::Nomad.accepts(Role::BlockStaging, &parts("staging/vol/rw")));
         for refused in [
             "pods",
             "pods/uid/etc-hosts",

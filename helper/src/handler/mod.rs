@@ -72,6 +72,9 @@ impl Handler {
             Request::Stage(r) => self.stage(r),
             // A path's form is judged before the lock is taken: a malformed
             // request never waits for another.
+            // kubelet unstages a raw block volume at a path of its own,
+            // where the helper never mounts: nothing to undo, nothing touched.
+            Request::Unstage(r) if self.roots.check(&r.staging_path, Role::BlockStaging).is_ok() => Ok(Reply::Done),
             Request::Unstage(r) => {
                 let staging = self.roots.check(&r.staging_path, Role::Staging)?;
                 self.exclusively(|| self.unstage(&staging))

@@ -41,3 +41,17 @@ fn a_mount_the_helper_does_not_make_or_a_misshapen_path_is_refused() {
     );
     world.refused(unstage(&world.target()), &PathRefusal::NotItsShape.of(&world.target()));
 }
+
+#[test]
+fn a_raw_block_volumes_staging_path_is_left_as_it_is() {
+    let world = World::new();
+    let block_staging = world.path("plugins/kubernetes.io/csi/volumeDevices/staging/pv-1");
+    std::fs::create_dir_all(&block_staging).unwrap();
+    // Whatever is mounted there is not the helper's.
+    world.fake.mount_foreign(block_staging.as_ref(), "tmpfs", (0, 99));
+    world.fake.forget();
+    assert_eq!(world.handle(unstage(&block_staging)), Ok(Reply::Done));
+    assert_eq!(world.fake.actions(), []);
+    assert!(world.fake.calls().is_empty(), "{:?}", world.fake.calls());
+    assert!(std::path::Path::new(&block_staging).is_dir());
+}
