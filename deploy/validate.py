@@ -15,8 +15,8 @@ Kubernetes docs/install-kubernetes.md says is supported ("Kubernetes ≥
 X.Y") and the newest (NEWEST_KUBERNETES); kinds it has no schema for (the snapshot CRDs) are
 checked field by field here. Then: the agent container is unprivileged,
 the helper container is the only privileged one, the helper admits
-the agent's uid and group, and the controller's sidecars enable
-VolumeAttributesClass and wait long enough for an attach and a Probe.
+the agent's uid and group, and the controller's sidecars apply
+VolumeAttributesClasses of storage.k8s.io/v1 and wait long enough for an attach and a Probe.
 The Helm chart (charts/aws-ebs-csi-driver, rendered by the helm that
 `make go-tools` builds, $HELM): `helm lint --strict`, then its defaults and
 each values file under its ci/ rendered with `helm template` and checked as
@@ -329,13 +329,26 @@ def seconds(duration):
     return hours * 3600 + minutes * 60 + secs
 
 
+# The first major versions of csi-provisioner and csi-resizer whose
+# VolumeAttributesClass is storage.k8s.io/v1's, found by discovery, with the
+# gate on by default (pkg/features/features.go at v6.3.0 and v2.2.0). The
+# majors before watched only v1beta1, which Kubernetes 1.34 and later do not
+# serve: a claim's class change was never applied (tests/kube_claims.rs).
+VAC_V1_MAJORS = {"csi-provisioner": 6, "csi-resizer": 2}
+
+
 def check_controller(where, deployment):
     """Sidecar settings the controller's behaviour needs."""
     by_name = {c["name"]: c for c in containers(deployment["spec"]["template"]["spec"])}
-    for sidecar in ("csi-provisioner", "csi-resizer"):
-        gates = flag_value(by_name.get(sidecar, {}).get("args", []), "--feature-gates") or ""
-        if "VolumeAttributesClass=true" not in gates.split(","):
-            fail(f"{where} {sidecar}", "VolumeAttributesClass is not enabled (off by default in this version)")
+    for sidecar, first in VAC_V1_MAJORS.items():
+        container = by_name.get(sidecar, {})
+        tag = container.get("image", ":").rsplit(":", 1)[1]
+        major = re.match(r"v(\d+)\.", tag)
+        if not major or int(major.group(1)) < first:
+            fail(f"{where} {sidecar}", f"{tag} does not apply VolumeAttributesClasses of storage.k8s.io/v1")
+        gates = flag_value(container.get("args", []), "--feature-gates") or ""
+        if "VolumeAttributesClass=false" in gates.split(","):
+            fail(f"{where} {sidecar}", "VolumeAttributesClass is turned off")
     timeout = seconds(flag_value(by_name.get("csi-attacher", {}).get("args", []), "--timeout"))
     if timeout is None or timeout <= ATTACH_WAIT_SECONDS:
         fail(f"{where} csi-attacher", f"--timeout {timeout}s is not longer than the attach wait")
@@ -949,10 +962,13 @@ BREAKS = [
      "runs ebs-csi-agent chown"),
     (TEMPLATES + "controller.yaml", "- --http-endpoint=0.0.0.0:9808", "- --health-port=9808", "deprecated"),
     (TEMPLATES + "controller.yaml", "  replicas: {{ $c.replicaCount }}", "  replicas: 1\n  paused: maybe", "paused"),
-    (TEMPLATES + "controller.yaml", "- --feature-gates=VolumeAttributesClass=true", "- --feature-gates=",
-     "csi-resizer: VolumeAttributesClass"),
-    (TEMPLATES + "controller.yaml", "Topology=true,VolumeAttributesClass=true", "Topology=true",
-     "csi-provisioner: VolumeAttributesClass"),
+    (CHART + "values.yaml", "tag: v2.2.0", "tag: v1.14.0",
+     "csi-resizer: v1.14.0 does not apply VolumeAttributesClasses of storage.k8s.io/v1"),
+    (CHART + "values.yaml", "tag: v6.3.0", "tag: v5.3.0",
+     "csi-provisioner: v5.3.0 does not apply VolumeAttributesClasses of storage.k8s.io/v1"),
+    (TEMPLATES + "controller.yaml", "            - --handle-volume-inuse-error=false\n",
+     "            - --handle-volume-inuse-error=false\n            - --feature-gates=VolumeAttributesClass=false\n",
+     "csi-resizer: VolumeAttributesClass is turned off"),
     (TEMPLATES + "controller.yaml", "- --timeout=6m", "- --timeout=60s", "--timeout 60s"),
     (TEMPLATES + "controller.yaml", "- --probe-timeout=60s", "- --probe-timeout=1s", "--probe-timeout 1s"),
     (TEMPLATES + "controller.yaml", "timeoutSeconds: 60", "timeoutSeconds: 3", "timeoutSeconds 3"),

@@ -15,6 +15,9 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
 
 use crate::moto::{Moto, REGION, ZONE};
 use crate::{Process, Sandbox, go_tool, repository};
@@ -96,6 +99,73 @@ impl Cluster {
         String::from_utf8(output.stdout).expect("kubectl's output is UTF-8")
     }
 
+    /// `kubectl apply -f -` of `manifest` (YAML or JSON).
+    pub fn apply(&self, manifest: &str) {
+        self.kubectl_with(&["apply", "-f", "-"], manifest);
+    }
+
+    /// The JSONPath `path` of the object `kind`/`name` (`kubectl get -o
+    /// jsonpath`); empty where the field is not set.
+    pub fn get(&self, kind: &str, name: &str, path: &str) -> String {
+        self.kubectl(&["get", kind, name, "-o", &format!("jsonpath={path}")])
+    }
+
+    /// The events of the objects named `name`, as `kubectl get events`
+    /// shows them.
+    pub fn events(&self, name: &str) -> String {
+        self.kubectl(&[
+            "get",
+            "events",
+            "--field-selector",
+            &format!("involvedObject.name={name}"),
+        ])
+    }
+
+    /// Waits until `kind`/`name`'s `path` reads `value` (`within`), and
+    /// panics with the object's events when it does not.
+    pub fn wait_for(&self, kind: &str, name: &str, path: &str, value: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.get(kind, name, path) != value {
+            assert!(
+                Instant::now() < deadline,
+                "{kind}/{name} {path} is {:?}, not {value:?}, after {within:?}:\n{}",
+                self.get(kind, name, path),
+                self.events(name)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Runs the pod of `manifest` (a pod named `name` that ends; see
+    /// [`pod`]) to its end, asserts that it succeeded, and returns its log.
+    pub fn run(&self, name: &str, manifest: &str) -> String {
+        self.apply(manifest);
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let phase = || self.get("pod", name, "{.status.phase}");
+        while !matches!(phase().as_str(), "Succeeded" | "Failed") {
+            assert!(
+                Instant::now() < deadline,
+                "pod {name} did not end:\n{}",
+                self.events(name)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert_eq!(
+            phase(),
+            "Succeeded",
+            "{}\n{}",
+            self.events(name),
+            self.kubectl(&["logs", name])
+        );
+        self.kubectl(&["logs", name])
+    }
+
+    /// `sh -c script` in the running busybox pod `name` (see [`pod`]):
+    /// its stdout.
+    pub fn exec(&self, name: &str, script: &str) -> String {
+        self.kubectl(&["exec", name, "--", "/bin/busybox", "sh", "-c", script])
+    }
+
     /// `helm ARGS` against the cluster (helm of `make go-tools`): its
     /// stdout, or a panic with both outputs.
     pub fn helm(&self, args: &[&str]) -> String {
@@ -110,7 +180,7 @@ impl Cluster {
     }
 
     /// The volume snapshot CRDs (VolumeGroupSnapshot's among them) and the
-    /// snapshot-controller with group snapshots on, from the
+    /// snapshot-controller (group snapshots on: GA since v8.7.0), from the
     /// external-snapshotter release `tests/kube/sidecars.tsv` pins: its
     /// `client/config/crd` and `deploy/kubernetes/snapshot-controller`,
     /// its Deployment running the image `make kube-tools` built.
@@ -138,11 +208,7 @@ impl Cluster {
         let setup = std::fs::read_to_string(deploy.join("setup-snapshot-controller.yaml")).expect("its Deployment");
         let (before, after) = setup.split_once("image: ").expect("its image");
         let (_, rest) = after.split_once('\n').expect("its image's line");
-        let (indent, rest) = rest.split_once("args:\n").expect("its args");
-        let deployment = format!(
-            "{before}image: {image}\n{indent}args:\n            - \"--feature-gates=CSIVolumeGroupSnapshot=true\"\n{rest}"
-        );
-        self.kubectl_with(&["apply", "-f", "-"], &deployment);
+        self.apply(&format!("{before}image: {image}\n{rest}"));
     }
 
     /// Waits until every pod is Ready (3 minutes at most), then asserts
@@ -194,8 +260,70 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.report();
+        }
         if !self.down {
             let _ = script("down", &self.dir()).status();
+        }
+    }
+}
+
+impl Cluster {
+    /// Prints what a failed test needs to be understood: the objects of
+    /// storage, every event, and the last lines of each driver container's
+    /// log.
+    fn report(&self) {
+        let kubectl = |args: &[&str]| {
+            Command::new(go_tool("kubectl"))
+                .arg("--kubeconfig")
+                .arg(self.dir().join("admin.kubeconfig"))
+                .args(args)
+                .output()
+                .map(|o| text(&o))
+                .unwrap_or_else(|e| e.to_string())
+        };
+        eprintln!("--- the cluster at the failure ---");
+        eprintln!(
+            "{}",
+            kubectl(&[
+                "get",
+                "pods,pvc,pv,volumeattachments,volumesnapshots,volumesnapshotcontents,\
+                 volumegroupsnapshots,volumegroupsnapshotcontents",
+                "--all-namespaces",
+                "-o",
+                "wide"
+            ])
+        );
+        eprintln!(
+            "{}",
+            kubectl(&["get", "events", "--all-namespaces", "--sort-by=.lastTimestamp"])
+        );
+        for pod in kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=aws-ebs-csi-driver",
+            "-o",
+            "name",
+        ])
+        .lines()
+        {
+            eprintln!("--- {pod} ---");
+            eprintln!(
+                "{}",
+                kubectl(&[
+                    "logs",
+                    "-n",
+                    "kube-system",
+                    pod,
+                    "--all-containers",
+                    "--prefix",
+                    "--tail=40"
+                ])
+            );
         }
     }
 }
@@ -296,6 +424,64 @@ impl Driver {
             moto,
             _simulator: simulator,
         }
+    }
+}
+
+/// A busybox pod named `name` that runs `script` once (`restartPolicy:
+/// Never`) with each claim of `claims` (`(claim, path)`) mounted at its
+/// path, or, where the path is under `/dev/`, given as a raw block device
+/// there. `security` is the pod's `securityContext` (`json!({})` for none).
+pub fn pod(name: &str, script: &str, claims: &[(&str, &str)], security: &serde_json::Value) -> String {
+    let volumes: Vec<_> = claims
+        .iter()
+        .map(|(claim, _)| json!({"name": claim, "persistentVolumeClaim": {"claimName": claim}}))
+        .collect();
+    let (devices, mounts): (Vec<_>, Vec<_>) = claims.iter().partition(|(_, path)| path.starts_with("/dev/"));
+    let devices: Vec<_> = devices
+        .iter()
+        .map(|(claim, path)| json!({"name": claim, "devicePath": path}))
+        .collect();
+    let mounts: Vec<_> = mounts
+        .iter()
+        .map(|(claim, path)| json!({"name": claim, "mountPath": path}))
+        .collect();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "dnsPolicy": "Default",
+            "securityContext": security,
+            "containers": [{
+                "name": name,
+                "image": BUSYBOX,
+                "args": ["sh", "-c", script],
+                "volumeMounts": mounts,
+                "volumeDevices": devices,
+            }],
+            "volumes": volumes,
+        },
+    })
+    .to_string()
+}
+
+impl Driver {
+    /// Waits until every pod is Ready ([`Cluster::wait_until_every_pod_is_ready`])
+    /// and kubelet has registered the driver in the node's CSINode (the
+    /// registrar's registration reaches it after the pods are Ready; until
+    /// then csi-provisioner fails a WaitForFirstConsumer claim with "no
+    /// topology key found on CSINode").
+    pub fn wait_until_ready(&self, cluster: &Cluster) {
+        cluster.wait_until_every_pod_is_ready();
+        cluster.wait_for(
+            "csinode",
+            NODE_NAME,
+            // The cluster's only driver; `[?()]` fails while there is none.
+            "{.spec.drivers[*].nodeID}",
+            &self.instance,
+            Duration::from_secs(60),
+        );
     }
 }
 

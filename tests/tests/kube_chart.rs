@@ -33,7 +33,7 @@ fn the_chart_installs_the_standard_overlay_on_a_real_node() {
     let taints = format!("{STARTUP_TAINT}=true:NoExecute,example.com/dedicated=storage:PreferNoSchedule");
     let cluster = Cluster::up_with(&[("NODE_TAINTS", &taints)], &driver_images());
     let driver = Driver::install(&cluster, false);
-    cluster.wait_until_every_pod_is_ready();
+    driver.wait_until_ready(&cluster);
     let names = cluster.kubectl(&[
         "get",
         "pods",

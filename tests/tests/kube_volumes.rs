@@ -18,7 +18,9 @@
 
 use std::time::Duration;
 
-use ebs_csi_tests::kube::{BUSYBOX, Cluster, Driver, driver_images};
+use serde_json::json;
+
+use ebs_csi_tests::kube::{self, Cluster, Driver, driver_images};
 use ebs_csi_tests::moto::{REGION, ZONE};
 use ebs_csi_tests::{mounts_under, require_root, wait_until};
 
@@ -40,33 +42,9 @@ spec:
   resources: {requests: {storage: 1Gi}}
 "#;
 
-/// A pod that runs `script` with the claim at /data, once.
+/// The pod `name` running `script` once with the claim at /data.
 fn pod(name: &str, script: &str) -> String {
-    format!(
-        r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "{name}"}},
-          "spec": {{"restartPolicy": "Never", "dnsPolicy": "Default",
-            "containers": [{{"name": "{name}", "image": "{BUSYBOX}", "args": ["sh", "-c", "{script}"],
-              "volumeMounts": [{{"name": "data", "mountPath": "/data"}}]}}],
-            "volumes": [{{"name": "data", "persistentVolumeClaim": {{"claimName": "data"}}}}]}}}}"#
-    )
-}
-
-/// Runs the pod `name` with `script` to its end, asserting that it
-/// succeeded, and returns its log.
-fn run(cluster: &Cluster, name: &str, script: &str) -> String {
-    cluster.kubectl_with(&["apply", "-f", "-"], &pod(name, script));
-    let phase = || cluster.kubectl(&["get", "pod", name, "-o", "jsonpath={.status.phase}"]);
-    wait_until(&format!("pod {name} to end"), Duration::from_secs(180), || {
-        matches!(phase().as_str(), "Succeeded" | "Failed")
-    });
-    let events = cluster.kubectl(&[
-        "get",
-        "events",
-        "--field-selector",
-        &format!("involvedObject.name={name}"),
-    ]);
-    assert_eq!(phase(), "Succeeded", "{events}");
-    cluster.kubectl(&["logs", name])
+    kube::pod(name, script, &[("data", "/data")], &json!({}))
 }
 
 #[test]
@@ -74,22 +52,22 @@ fn a_dynamic_volume_keeps_its_data_across_pods_and_goes_with_its_claim() {
     require_root();
     let cluster = Cluster::up_with(&[], &driver_images());
     let driver = Driver::install(&cluster, true);
-    cluster.wait_until_every_pod_is_ready();
-    cluster.kubectl_with(&["apply", "-f", "-"], CLASS_AND_CLAIM);
+    driver.wait_until_ready(&cluster);
+    cluster.apply(CLASS_AND_CLAIM);
     // WaitForFirstConsumer: nothing is provisioned before a pod uses it.
-    assert_eq!(
-        cluster.kubectl(&["get", "pvc", "data", "-o", "jsonpath={.status.phase}"]),
-        "Pending"
-    );
+    assert_eq!(cluster.get("pvc", "data", "{.status.phase}"), "Pending");
 
     assert_eq!(
-        run(&cluster, "writer", "echo kept > /data/file && sync && cat /data/file"),
+        cluster.run(
+            "writer",
+            &pod("writer", "echo kept > /data/file && sync && cat /data/file")
+        ),
         "kept\n"
     );
-    let pv = cluster.kubectl(&["get", "pvc", "data", "-o", "jsonpath={.spec.volumeName}"]);
-    let volume = cluster.kubectl(&["get", "pv", &pv, "-o", "jsonpath={.spec.csi.volumeHandle}"]);
+    let pv = cluster.get("pvc", "data", "{.spec.volumeName}");
+    let volume = cluster.get("pv", &pv, "{.spec.csi.volumeHandle}");
     assert!(volume.starts_with("vol-"), "{volume}");
-    let affinity = cluster.kubectl(&["get", "pv", &pv, "-o", "jsonpath={.spec.nodeAffinity.required}"]);
+    let affinity = cluster.get("pv", &pv, "{.spec.nodeAffinity.required}");
     for key in ["topology.ebs.csi.aws.com/zone", "topology.kubernetes.io/zone"] {
         assert!(affinity.contains(key) && affinity.contains(ZONE), "{affinity}");
     }
@@ -100,7 +78,7 @@ fn a_dynamic_volume_keeps_its_data_across_pods_and_goes_with_its_claim() {
     );
 
     cluster.kubectl(&["delete", "pod", "writer", "--wait"]);
-    assert_eq!(run(&cluster, "reader", "cat /data/file"), "kept\n");
+    assert_eq!(cluster.run("reader", &pod("reader", "cat /data/file")), "kept\n");
     cluster.kubectl(&["delete", "pod", "reader", "--wait"]);
 
     cluster.kubectl(&["delete", "pvc", "data", "--wait"]);

@@ -1,0 +1,301 @@
+//! What a claim can ask for, through a real cluster (#43 item 4;
+//! `ebs_csi_tests::kube`): the `standard` overlay from the chart, the real
+//! csi-provisioner, csi-attacher, csi-resizer, csi-snapshotter,
+//! snapshot-controller and kubelet driving the driver, EC2 as moto behind
+//! serve.py with the attach simulator playing the instance's hypervisor
+//! (it grows a loop device when its volume grows, and keeps a snapshot's
+//! contents for the volumes restored from it).
+//!
+//! Each step is checked where a user would look: the claim's status, what
+//! the pod sees (`df`, the data, owners and modes) and what EC2 says.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration tests: a failed step fails the test"
+)]
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use ebs_csi_tests::kube::{Cluster, Driver, driver_images, pod};
+use ebs_csi_tests::moto::REGION;
+use ebs_csi_tests::{require_root, wait_until};
+
+/// A gp3 class that waits for the first consumer and lets its claims grow;
+/// the classes of snapshots, group snapshots and volume attributes. Its
+/// filesystem is XFS: online ext4 growth needs `CAP_SYS_RESOURCE`, which
+/// this project's machines withhold even from root (README, "Known
+/// limitations"; `node_lifecycle.rs` checks ext4's refusal there).
+const CLASSES: &str = r#"
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: ebs-gp3}
+provisioner: ebs.csi.aws.com
+volumeBindingMode: WaitForFirstConsumer
+allowVolumeExpansion: true
+parameters: {type: gp3, csi.storage.k8s.io/fstype: xfs}
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata: {name: ebs}
+driver: ebs.csi.aws.com
+deletionPolicy: Delete
+---
+apiVersion: groupsnapshot.storage.k8s.io/v1beta2
+kind: VolumeGroupSnapshotClass
+metadata: {name: ebs}
+driver: ebs.csi.aws.com
+deletionPolicy: Delete
+---
+apiVersion: storage.k8s.io/v1
+kind: VolumeAttributesClass
+metadata: {name: fast}
+driverName: ebs.csi.aws.com
+parameters: {iops: "4000", throughput: "250"}
+"#;
+
+/// A claim of `ebs-gp3` named `name`, of `size`, with `spec` merged in
+/// (`dataSource`, `accessModes`, `volumeMode`) and the label `group: app`.
+fn claim(name: &str, size: &str, spec: &serde_json::Value) -> String {
+    let mut claim = json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "labels": {"group": "app"}},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "ebs-gp3",
+            "resources": {"requests": {"storage": size}},
+        },
+    });
+    for (key, value) in spec.as_object().expect("an object") {
+        claim["spec"][key] = value.clone();
+    }
+    claim.to_string()
+}
+
+/// A pod that runs until it is deleted, with `claims` (see [`pod`]).
+fn running_pod(cluster: &Cluster, name: &str, claims: &[(&str, &str)]) {
+    cluster.apply(&pod(name, "trap 'exit 0' TERM; sleep 3600 & wait", claims, &json!({})));
+    cluster.wait_for("pod", name, "{.status.phase}", "Running", Duration::from_secs(180));
+}
+
+/// The EBS volume bound to the claim `name`.
+fn volume_of(cluster: &Cluster, name: &str) -> String {
+    let pv = cluster.get("pvc", name, "{.spec.volumeName}");
+    cluster.get("pv", &pv, "{.spec.csi.volumeHandle}")
+}
+
+/// The size in KiB of the filesystem mounted at `path` in the pod `name`.
+fn filesystem_kib(cluster: &Cluster, name: &str, path: &str) -> u64 {
+    let df = cluster.exec(name, &format!("df -k {path} | tail -n 1"));
+    df.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("df: {df}"))
+}
+
+#[test]
+fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots() {
+    require_root();
+    let cluster = Cluster::up_with(&[], &driver_images());
+    let driver = Driver::install(&cluster, true);
+    driver.wait_until_ready(&cluster);
+    cluster.apply(CLASSES);
+    cluster.apply(&claim("data", "1Gi", &json!({})));
+    cluster.apply(&claim("logs", "1Gi", &json!({})));
+    running_pod(&cluster, "app", &[("data", "/data"), ("logs", "/logs")]);
+    cluster.exec("app", "echo data > /data/file && echo logs > /logs/file && sync");
+    let volume = volume_of(&cluster, "data");
+    let ec2 = |field: &str| {
+        let described = driver.moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume)]);
+        let (_, rest) = described.split_once(&format!("<{field}>")).expect(field);
+        rest.split_once('<').expect(field).0.to_owned()
+    };
+
+    // Online expansion: the resizer grows the volume in EC2, kubelet the
+    // filesystem the pod has mounted.
+    let before = filesystem_kib(&cluster, "app", "/data");
+    assert!(before < 1 << 20, "{before} KiB");
+    cluster.kubectl(&[
+        "patch",
+        "pvc",
+        "data",
+        "--patch",
+        r#"{"spec": {"resources": {"requests": {"storage": "8Gi"}}}}"#,
+    ]);
+    cluster.wait_for(
+        "pvc",
+        "data",
+        "{.status.capacity.storage}",
+        "8Gi",
+        Duration::from_secs(120),
+    );
+    assert_eq!(ec2("size"), "8");
+    wait_until("the pod to see the grown filesystem", Duration::from_secs(60), || {
+        filesystem_kib(&cluster, "app", "/data") > 7 << 20
+    });
+
+    // A VolumeAttributesClass: EC2 shows its IOPS and throughput (4,000
+    // IOPS: gp3 takes 500 per GiB, at least 3,000, so 8 GiB and more).
+    cluster.kubectl(&[
+        "patch",
+        "pvc",
+        "data",
+        "--patch",
+        r#"{"spec": {"volumeAttributesClassName": "fast"}}"#,
+    ]);
+    cluster.wait_for(
+        "pvc",
+        "data",
+        "{.status.currentVolumeAttributesClassName}",
+        "fast",
+        Duration::from_secs(120),
+    );
+    assert_eq!((ec2("iops"), ec2("throughput")), ("4000".to_owned(), "250".to_owned()));
+
+    // A snapshot, restored into a claim of its own.
+    cluster.apply(
+        r#"{"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot", "metadata": {"name": "snap"},
+            "spec": {"volumeSnapshotClassName": "ebs", "source": {"persistentVolumeClaimName": "data"}}}"#,
+    );
+    cluster.wait_for(
+        "volumesnapshot",
+        "snap",
+        "{.status.readyToUse}",
+        "true",
+        Duration::from_secs(120),
+    );
+    let from_snapshot =
+        json!({"dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap"}});
+    cluster.apply(&claim("restored", "8Gi", &from_snapshot));
+    assert_eq!(
+        cluster.run(
+            "reader",
+            &pod("reader", "cat /data/file", &[("restored", "/data")], &json!({}))
+        ),
+        "data\n"
+    );
+
+    // A group snapshot of both claims (label group: app): one snapshot of
+    // each, restored together.
+    cluster.kubectl(&["label", "pvc", "restored", "group-"]);
+    cluster.apply(
+        r#"{"apiVersion": "groupsnapshot.storage.k8s.io/v1beta2", "kind": "VolumeGroupSnapshot", "metadata": {"name": "group"},
+            "spec": {"volumeGroupSnapshotClassName": "ebs", "source": {"selector": {"matchLabels": {"group": "app"}}}}}"#,
+    );
+    cluster.wait_for(
+        "volumegroupsnapshot",
+        "group",
+        "{.status.readyToUse}",
+        "true",
+        Duration::from_secs(120),
+    );
+    let members = cluster.kubectl(&[
+        "get",
+        "volumesnapshots",
+        "-o",
+        r#"jsonpath={range .items[?(@.status.volumeGroupSnapshotName=="group")]}{.metadata.name}{"\n"}{end}"#,
+    ]);
+    let members: Vec<&str> = members.lines().collect();
+    assert_eq!(members.len(), 2, "{members:?}");
+    // Each member is restored once it is ready, as a user would: the
+    // csi-snapshotter's one-minute resync (the chart's --resync-period)
+    // undoes snapshot-controller setting a ready member back to not ready.
+    for member in &members {
+        cluster.wait_for(
+            "volumesnapshot",
+            member,
+            "{.status.readyToUse}",
+            "true",
+            Duration::from_secs(150),
+        );
+    }
+    for (i, member) in members.iter().enumerate() {
+        let source =
+            json!({"dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": member}});
+        cluster.apply(&claim(&format!("member-{i}"), "8Gi", &source));
+    }
+    let read = cluster.run(
+        "group-reader",
+        &pod(
+            "group-reader",
+            "cat /a/file /b/file | sort",
+            &[("member-0", "/a"), ("member-1", "/b")],
+            &json!({}),
+        ),
+    );
+    assert_eq!(read, "data\nlogs\n");
+
+    cluster.kubectl(&["delete", "pods", "--all", "--wait"]);
+    cluster.kubectl(&["delete", "volumegroupsnapshots,volumesnapshots,pvc", "--all", "--wait"]);
+    wait_until("every PersistentVolume to go", Duration::from_secs(120), || {
+        cluster.kubectl(&["get", "pv", "-o", "name"]).is_empty()
+    });
+    cluster.helm(&["uninstall", "ebs-csi", "--namespace", "kube-system", "--wait"]);
+    cluster.down();
+}
+
+#[test]
+fn block_single_pod_and_fs_group_claims_reach_their_pods_as_asked() {
+    require_root();
+    let cluster = Cluster::up_with(&[], &driver_images());
+    let driver = Driver::install(&cluster, true);
+    driver.wait_until_ready(&cluster);
+    cluster.apply(CLASSES);
+
+    // A raw block claim: the device itself, never formatted, kept across pods.
+    cluster.apply(&claim("block", "1Gi", &json!({"volumeMode": "Block"})));
+    let write = "head -c 4096 /dev/xvdb | tr -d '\\0' | wc -c && blockdev --getsize64 /dev/xvdb \
+                 && printf kept | dd of=/dev/xvdb bs=512 seek=2048 conv=fsync 2>/dev/null";
+    assert_eq!(
+        cluster.run(
+            "block-writer",
+            &pod("block-writer", write, &[("block", "/dev/xvdb")], &json!({}))
+        ),
+        "0\n1073741824\n"
+    );
+    let read = "dd if=/dev/xvdb bs=512 skip=2048 count=1 2>/dev/null | head -c 4";
+    assert_eq!(
+        cluster.run(
+            "block-reader",
+            &pod("block-reader", read, &[("block", "/dev/xvdb")], &json!({}))
+        ),
+        "kept"
+    );
+
+    // ReadWriteOncePod: a second pod waits until the first is gone.
+    cluster.apply(&claim("only", "1Gi", &json!({"accessModes": ["ReadWriteOncePod"]})));
+    running_pod(&cluster, "owner", &[("only", "/data")]);
+    cluster.apply(&pod("second", "echo in", &[("only", "/data")], &json!({})));
+    wait_until("the second pod to be held back", Duration::from_secs(60), || {
+        cluster.events("second").contains("ReadWriteOncePod")
+    });
+    assert_eq!(cluster.get("pod", "second", "{.status.phase}"), "Pending");
+    cluster.kubectl(&["delete", "pod", "owner", "--wait"]);
+    cluster.wait_for(
+        "pod",
+        "second",
+        "{.status.phase}",
+        "Succeeded",
+        Duration::from_secs(180),
+    );
+
+    // fsGroup: kubelet gives the volume to the pod's group (the driver's
+    // fsGroupPolicy File), so a pod of another user writes to it.
+    cluster.apply(&claim("shared", "1Gi", &json!({})));
+    let script = "touch /data/file && stat -c '%u %g %a' /data /data/file";
+    let security = json!({"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 2000});
+    assert_eq!(
+        cluster.run("grouped", &pod("grouped", script, &[("shared", "/data")], &security)),
+        "0 2000 2775\n1000 2000 644\n"
+    );
+
+    cluster.kubectl(&["delete", "pods", "--all", "--wait"]);
+    cluster.kubectl(&["delete", "pvc", "--all", "--wait"]);
+    wait_until("every PersistentVolume to go", Duration::from_secs(120), || {
+        cluster.kubectl(&["get", "pv", "-o", "name"]).is_empty()
+    });
+    cluster.helm(&["uninstall", "ebs-csi", "--namespace", "kube-system", "--wait"]);
+    cluster.down();
+}
