@@ -25,11 +25,14 @@ use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, ebs_csi_mounts, requ
 const VOLUME: &str = "vol-0aaaaaaaaaaaaaaa1";
 
 /// Mount points outside every test sandbox: what a hostile request must
-/// never change (tests running in parallel only mount inside their own).
+/// never change. Tests running in parallel mount inside their own sandbox,
+/// but for the real cluster's network namespaces (`kube_*.rs`): containerd
+/// pins each pod sandbox's at `/run/netns/cni-<uuid>`, a fixed directory,
+/// as its pods come and go.
 fn host_mounts() -> BTreeSet<String> {
     ebs_csi_mounts()
         .into_iter()
-        .filter(|m| !m.starts_with("/tmp/ebs-csi-test-"))
+        .filter(|m| !m.starts_with("/tmp/ebs-csi-test-") && !m.starts_with("/run/netns/cni-"))
         .collect()
 }
 
