@@ -190,7 +190,10 @@ pub async fn resolve(flags: Found, settings: &Settings) -> Result<NodeMetadata, 
                 return Ok(metadata);
             }
             Err(e) => {
-                tracing::warn!(%source, error = %e, "node metadata source failed");
+                // Not a warning: the next source may answer (a pod without
+                // IMDS, hop limit 1, reads the Node object), and when none
+                // does the error lists every source's failure.
+                tracing::info!(%source, error = %e, "node metadata source failed, trying the next");
                 failures.push((source, e));
             }
         }

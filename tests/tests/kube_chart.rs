@@ -108,6 +108,7 @@ fn the_chart_installs_the_standard_overlay_on_a_real_node() {
         "--mode=kubelet-registration-probe",
     ]);
 
+    driver.assert_logs_are_clean(&cluster);
     cluster.helm(&["uninstall", "ebs-csi", "--namespace", "kube-system", "--wait"]);
     cluster.down();
 }

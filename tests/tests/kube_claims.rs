@@ -42,7 +42,7 @@ metadata: {name: ebs}
 driver: ebs.csi.aws.com
 deletionPolicy: Delete
 ---
-apiVersion: groupsnapshot.storage.k8s.io/v1beta2
+apiVersion: groupsnapshot.storage.k8s.io/v1
 kind: VolumeGroupSnapshotClass
 metadata: {name: ebs}
 driver: ebs.csi.aws.com
@@ -95,18 +95,28 @@ fn filesystem_kib(cluster: &Cluster, name: &str, path: &str) -> u64 {
         .unwrap_or_else(|| panic!("df: {df}"))
 }
 
+/// Both scenarios on one cluster and one installed driver (a cluster and
+/// the chart take about 35 s to start).
 #[test]
-fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots() {
+fn what_a_claim_asks_for_reaches_its_pod() {
     require_root();
     let cluster = Cluster::up_with(&[], &driver_images());
     let driver = Driver::install(&cluster, true);
     driver.wait_until_ready(&cluster);
     cluster.apply(CLASSES);
+    a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(&cluster, &driver);
+    block_single_pod_and_fs_group_claims_reach_their_pods_as_asked(&cluster);
+    driver.assert_logs_are_clean(&cluster);
+    cluster.helm(&["uninstall", "ebs-csi", "--namespace", "kube-system", "--wait"]);
+    cluster.down();
+}
+
+fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(cluster: &Cluster, driver: &Driver) {
     cluster.apply(&claim("data", "1Gi", &json!({})));
     cluster.apply(&claim("logs", "1Gi", &json!({})));
-    running_pod(&cluster, "app", &[("data", "/data"), ("logs", "/logs")]);
+    running_pod(cluster, "app", &[("data", "/data"), ("logs", "/logs")]);
     cluster.exec("app", "echo data > /data/file && echo logs > /logs/file && sync");
-    let volume = volume_of(&cluster, "data");
+    let volume = volume_of(cluster, "data");
     let ec2 = |field: &str| {
         let described = driver.moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume)]);
         let (_, rest) = described.split_once(&format!("<{field}>")).expect(field);
@@ -115,7 +125,7 @@ fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots() {
 
     // Online expansion: the resizer grows the volume in EC2, kubelet the
     // filesystem the pod has mounted.
-    let before = filesystem_kib(&cluster, "app", "/data");
+    let before = filesystem_kib(cluster, "app", "/data");
     assert!(before < 1 << 20, "{before} KiB");
     cluster.kubectl(&[
         "patch",
@@ -133,7 +143,7 @@ fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots() {
     );
     assert_eq!(ec2("size"), "8");
     wait_until("the pod to see the grown filesystem", Duration::from_secs(60), || {
-        filesystem_kib(&cluster, "app", "/data") > 7 << 20
+        filesystem_kib(cluster, "app", "/data") > 7 << 20
     });
 
     // A VolumeAttributesClass: EC2 shows its IOPS and throughput (4,000
@@ -181,7 +191,7 @@ fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots() {
     // each, restored together.
     cluster.kubectl(&["label", "pvc", "restored", "group-"]);
     cluster.apply(
-        r#"{"apiVersion": "groupsnapshot.storage.k8s.io/v1beta2", "kind": "VolumeGroupSnapshot", "metadata": {"name": "group"},
+        r#"{"apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshot", "metadata": {"name": "group"},
             "spec": {"volumeGroupSnapshotClassName": "ebs", "source": {"selector": {"matchLabels": {"group": "app"}}}}}"#,
     );
     cluster.wait_for(
@@ -232,18 +242,9 @@ fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots() {
     wait_until("every PersistentVolume to go", Duration::from_secs(120), || {
         cluster.kubectl(&["get", "pv", "-o", "name"]).is_empty()
     });
-    cluster.helm(&["uninstall", "ebs-csi", "--namespace", "kube-system", "--wait"]);
-    cluster.down();
 }
 
-#[test]
-fn block_single_pod_and_fs_group_claims_reach_their_pods_as_asked() {
-    require_root();
-    let cluster = Cluster::up_with(&[], &driver_images());
-    let driver = Driver::install(&cluster, true);
-    driver.wait_until_ready(&cluster);
-    cluster.apply(CLASSES);
-
+fn block_single_pod_and_fs_group_claims_reach_their_pods_as_asked(cluster: &Cluster) {
     // A raw block claim: the device itself, never formatted, kept across pods.
     cluster.apply(&claim("block", "1Gi", &json!({"volumeMode": "Block"})));
     let write = "head -c 4096 /dev/xvdb | tr -d '\\0' | wc -c && blockdev --getsize64 /dev/xvdb \
@@ -266,7 +267,7 @@ fn block_single_pod_and_fs_group_claims_reach_their_pods_as_asked() {
 
     // ReadWriteOncePod: a second pod waits until the first is gone.
     cluster.apply(&claim("only", "1Gi", &json!({"accessModes": ["ReadWriteOncePod"]})));
-    running_pod(&cluster, "owner", &[("only", "/data")]);
+    running_pod(cluster, "owner", &[("only", "/data")]);
     cluster.apply(&pod("second", "echo in", &[("only", "/data")], &json!({})));
     wait_until("the second pod to be held back", Duration::from_secs(60), || {
         cluster.events("second").contains("ReadWriteOncePod")
@@ -296,6 +297,4 @@ fn block_single_pod_and_fs_group_claims_reach_their_pods_as_asked() {
     wait_until("every PersistentVolume to go", Duration::from_secs(120), || {
         cluster.kubectl(&["get", "pv", "-o", "name"]).is_empty()
     });
-    cluster.helm(&["uninstall", "ebs-csi", "--namespace", "kube-system", "--wait"]);
-    cluster.down();
 }

@@ -230,7 +230,8 @@ fn a_pod_that_cannot_reach_imds_reads_its_node_object() {
         "instance id\ti-0fedcba9876543210\navailability zone\teu-west-1b\ninstance type\tm5.xlarge\nmax volumes\t26\n"
     );
     assert!(
-        String::from_utf8_lossy(&output.stderr).contains("node metadata source failed source=imds"),
+        String::from_utf8_lossy(&output.stderr)
+            .contains("INFO ebs_csi_agent::metadata: node metadata source failed, trying the next source=imds"),
         "{output:?}"
     );
     let token = std::fs::read_to_string(api.service_account_dir().join("token")).unwrap();
