@@ -386,13 +386,30 @@ pub(crate) fn refused(device: &str, volume_id: &VolumeId, reason: Refusal) -> He
     }
 }
 
+/// How long [`open_node`] waits for a disk the kernel is still adding.
+/// `device_add_disk` (block/genhd.c) makes the disk's device, and with it
+/// its devtmpfs node and sysfs directory, before `bdev_add` makes it
+/// openable; in between an open fails with `ENXIO`. The agent hands over a
+/// hot-plugged disk as soon as its node appears (an attach is a PCIe
+/// hot-plug of an NVMe controller); the window lasts microseconds on
+/// hardware and was seen to last long enough to be hit under emulation.
+const APPEARING_WAIT: Duration = Duration::from_secs(2);
+
 /// Step 2: the block device node [`block_node`] found, opened for reading
 /// through its `O_PATH` fd (the same inode, still device `number`), so no
 /// FIFO, tty or watchdog is ever opened for I/O and nothing can be swapped
-/// in between.
+/// in between. An open that fails with `ENXIO` (a disk still being added)
+/// is tried again every 10 ms for [`APPEARING_WAIT`].
 fn open_node(node: &OwnedFd, number: DeviceNumber) -> Option<OwnedFd> {
     let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
-    let file = rustix::fs::openat(rustix::fs::CWD, fd_path(node).as_str(), flags, Mode::empty()).ok()?;
+    let deadline = std::time::Instant::now() + APPEARING_WAIT;
+    let open = || rustix::fs::openat(rustix::fs::CWD, fd_path(node).as_str(), flags, Mode::empty());
+    let mut opened = open();
+    while matches!(opened, Err(rustix::io::Errno::NXIO)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        opened = open();
+    }
+    let file = opened.ok()?;
     (block_number(&file)? == number).then_some(file)
 }
 
@@ -613,6 +630,29 @@ mod tests {
         let proved = VerifiedDevice::stand_in(volume.clone(), "loop3", (7, 3), file());
         let error = VerifiedDevice::adopt(proved.facts(), file(), &IdentityPolicy::default()).unwrap_err();
         assert_eq!(error, refused("/dev/loop3", &volume, Refusal::Changed));
+    }
+
+    /// A node whose disk the kernel has not (yet) made openable answers
+    /// `ENXIO` (`mknod` of a block device number no disk has, as a
+    /// hot-plugged disk's node is between `device_add` and `bdev_add`):
+    /// the open is tried again until [`APPEARING_WAIT`], then refused.
+    #[test]
+    fn waits_for_a_disk_still_being_added_then_gives_up() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("nvme99n1");
+        let no_disk = rustix::fs::makedev(259, 1_048_575);
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &path,
+            FileType::BlockDevice,
+            Mode::from_raw_mode(0o600),
+            no_disk,
+        )
+        .expect("mknod (the helper's tests run as root)");
+        let (node, number) = block_node(&path.to_string_lossy()).unwrap();
+        let started = std::time::Instant::now();
+        assert!(open_node(&node, number).is_none());
+        assert!(started.elapsed() >= APPEARING_WAIT, "{:?}", started.elapsed());
     }
 
     /// Every device string that is not a present `/dev/<kernel name>`
