@@ -333,7 +333,7 @@ def seconds(duration):
 # VolumeAttributesClass is storage.k8s.io/v1's, found by discovery, with the
 # gate on by default (pkg/features/features.go at v6.3.0 and v2.2.0). The
 # majors before watched only v1beta1, which Kubernetes 1.34 and later do not
-# serve: a claim's class change was never applied (tests/kube_claims.rs).
+# serve: a claim's class change was never applied (tests/tests/kube/claims.rs).
 VAC_V1_MAJORS = {"csi-provisioner": 6, "csi-resizer": 2}
 
 

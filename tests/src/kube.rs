@@ -4,9 +4,9 @@
 //! builds them, Debian's containerd with runc and the CNI bridge) and tears
 //! it down when the [`Cluster`] is dropped, also when the test fails.
 //!
-//! Its world, each assumption broken or checked by `tests/kube_cluster.rs`:
-//! one cluster at a time (fixed addresses and names: nextest runs the
-//! cluster's tests one after another, `.config/nextest.toml`); nothing can
+//! Its world, each assumption broken or checked by `tests/kube/cluster.rs`:
+//! one cluster at a time (fixed addresses and names: the scenarios share
+//! one, each in a [`Namespace`] of its own, `tests/kube/main.rs`); nothing can
 //! be pulled (every image is an archive `make kube-tools` built, imported at
 //! start); what it leaves outside its directory (iptables chains, the
 //! bridge, the node's address, containerd's and CNI's fixed directories) is
@@ -99,97 +99,15 @@ impl Cluster {
         String::from_utf8(output.stdout).expect("kubectl's output is UTF-8")
     }
 
-    /// `kubectl apply -f -` of `manifest` (YAML or JSON).
-    pub fn apply(&self, manifest: &str) {
-        self.kubectl_with(&["apply", "-f", "-"], manifest);
-    }
-
-    /// The JSONPath `path` of the object `kind`/`name` (`kubectl get -o
-    /// jsonpath`); empty where the field is not set.
-    pub fn get(&self, kind: &str, name: &str, path: &str) -> String {
-        self.kubectl(&["get", kind, name, "-o", &format!("jsonpath={path}")])
-    }
-
-    /// The events of the objects named `name`, as `kubectl get events`
-    /// shows them.
-    pub fn events(&self, name: &str) -> String {
-        self.kubectl(&[
-            "get",
-            "events",
-            "--field-selector",
-            &format!("involvedObject.name={name}"),
-        ])
-    }
-
-    /// Waits until an event of the objects named `name` has the reason
-    /// `reason` and a message containing `text` (`within`), and returns
-    /// that message; panics with their events when none comes.
-    pub fn wait_for_event(&self, name: &str, reason: &str, text: &str, within: Duration) -> String {
-        let deadline = Instant::now() + within;
-        loop {
-            let events = self.kubectl(&[
-                "get",
-                "events",
-                "--field-selector",
-                &format!("involvedObject.name={name},reason={reason}"),
-                "-o",
-                r#"jsonpath={range .items[*]}{.message}{"\n"}{end}"#,
-            ]);
-            if let Some(message) = events.lines().find(|m| m.contains(text)) {
-                return message.to_owned();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {reason} event of {name} says {text:?} after {within:?}:\n{}",
-                self.events(name)
-            );
-            std::thread::sleep(Duration::from_millis(500));
+    /// Creates the namespace `name` and returns it: each scenario keeps
+    /// its objects in one, so that scenarios run side by side on one
+    /// cluster.
+    pub fn namespace(&self, name: &str) -> Namespace<'_> {
+        self.kubectl(&["create", "namespace", name]);
+        Namespace {
+            cluster: self,
+            name: name.to_owned(),
         }
-    }
-
-    /// Waits until `kind`/`name`'s `path` reads `value` (`within`), and
-    /// panics with the object's events when it does not.
-    pub fn wait_for(&self, kind: &str, name: &str, path: &str, value: &str, within: Duration) {
-        let deadline = Instant::now() + within;
-        while self.get(kind, name, path) != value {
-            assert!(
-                Instant::now() < deadline,
-                "{kind}/{name} {path} is {:?}, not {value:?}, after {within:?}:\n{}",
-                self.get(kind, name, path),
-                self.events(name)
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    /// Runs the pod of `manifest` (a pod named `name` that ends; see
-    /// [`pod`]) to its end, asserts that it succeeded, and returns its log.
-    pub fn run(&self, name: &str, manifest: &str) -> String {
-        self.apply(manifest);
-        let deadline = Instant::now() + Duration::from_secs(180);
-        let phase = || self.get("pod", name, "{.status.phase}");
-        while !matches!(phase().as_str(), "Succeeded" | "Failed") {
-            assert!(
-                Instant::now() < deadline,
-                "pod {name} did not end:\n{}",
-                self.events(name)
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        assert_eq!(
-            phase(),
-            "Succeeded",
-            "{}\n{}",
-            self.events(name),
-            self.kubectl(&["logs", name])
-        );
-        self.kubectl(&["logs", name])
-    }
-
-    /// `sh -c script` in the running busybox pod `name` (see [`pod`]):
-    /// its stdout.
-    pub fn exec(&self, name: &str, script: &str) -> String {
-        self.kubectl(&["exec", name, "--", "/bin/busybox", "sh", "-c", script])
     }
 
     /// `helm ARGS` against the cluster (helm of `make go-tools`): its
@@ -234,7 +152,7 @@ impl Cluster {
         let setup = std::fs::read_to_string(deploy.join("setup-snapshot-controller.yaml")).expect("its Deployment");
         let (before, after) = setup.split_once("image: ").expect("its image");
         let (_, rest) = after.split_once('\n').expect("its image's line");
-        self.apply(&format!("{before}image: {image}\n{rest}"));
+        self.kubectl_with(&["apply", "-f", "-"], &format!("{before}image: {image}\n{rest}"));
     }
 
     /// Waits until every pod is Ready (3 minutes at most), then asserts
@@ -354,6 +272,145 @@ impl Cluster {
     }
 }
 
+/// A namespace of a [`Cluster`] ([`Cluster::namespace`]): its kubectl
+/// commands name it (`--namespace`); kubectl ignores that for objects of
+/// the whole cluster (PersistentVolumes, classes, CSINodes).
+pub struct Namespace<'a> {
+    cluster: &'a Cluster,
+    name: String,
+}
+
+impl Namespace<'_> {
+    /// The namespace's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `kubectl --namespace NAME ARGS` ([`Cluster::kubectl`]).
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        self.kubectl_with(args, "")
+    }
+
+    /// `kubectl --namespace NAME ARGS` with `input` on its stdin
+    /// ([`Cluster::kubectl_with`]).
+    pub fn kubectl_with(&self, args: &[&str], input: &str) -> String {
+        let args: Vec<&str> = ["--namespace", self.name.as_str()]
+            .iter()
+            .chain(args)
+            .copied()
+            .collect();
+        self.cluster.kubectl_with(&args, input)
+    }
+
+    /// `kubectl apply -f -` of `manifest` (YAML or JSON).
+    pub fn apply(&self, manifest: &str) {
+        self.kubectl_with(&["apply", "-f", "-"], manifest);
+    }
+
+    /// The JSONPath `path` of the object `kind`/`name` (`kubectl get -o
+    /// jsonpath`); empty where the field is not set.
+    pub fn get(&self, kind: &str, name: &str, path: &str) -> String {
+        self.kubectl(&["get", kind, name, "-o", &format!("jsonpath={path}")])
+    }
+
+    /// The events of the objects named `name`, as `kubectl get events`
+    /// shows them.
+    pub fn events(&self, name: &str) -> String {
+        self.kubectl(&[
+            "get",
+            "events",
+            "--field-selector",
+            &format!("involvedObject.name={name}"),
+        ])
+    }
+
+    /// Waits until an event of the objects named `name` has the reason
+    /// `reason` and a message containing `text` (`within`), and returns
+    /// that message; panics with their events when none comes.
+    pub fn wait_for_event(&self, name: &str, reason: &str, text: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let events = self.kubectl(&[
+                "get",
+                "events",
+                "--field-selector",
+                &format!("involvedObject.name={name},reason={reason}"),
+                "-o",
+                r#"jsonpath={range .items[*]}{.message}{"\n"}{end}"#,
+            ]);
+            if let Some(message) = events.lines().find(|m| m.contains(text)) {
+                return message.to_owned();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {reason} event of {name} says {text:?} after {within:?}:\n{}",
+                self.events(name)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Waits until `kind`/`name`'s `path` reads `value` (`within`), and
+    /// panics with the object's events when it does not.
+    pub fn wait_for(&self, kind: &str, name: &str, path: &str, value: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.get(kind, name, path) != value {
+            assert!(
+                Instant::now() < deadline,
+                "{kind}/{name} {path} is {:?}, not {value:?}, after {within:?}:\n{}",
+                self.get(kind, name, path),
+                self.events(name)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Runs the pod of `manifest` (a pod named `name` that ends; see
+    /// [`pod`]) to its end, asserts that it succeeded, and returns its log.
+    pub fn run(&self, name: &str, manifest: &str) -> String {
+        self.apply(manifest);
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let phase = || self.get("pod", name, "{.status.phase}");
+        while !matches!(phase().as_str(), "Succeeded" | "Failed") {
+            assert!(
+                Instant::now() < deadline,
+                "pod {name} did not end:\n{}",
+                self.events(name)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert_eq!(
+            phase(),
+            "Succeeded",
+            "{}\n{}",
+            self.events(name),
+            self.kubectl(&["logs", name])
+        );
+        self.kubectl(&["logs", name])
+    }
+
+    /// `sh -c script` in the running busybox pod `name` (see [`pod`]):
+    /// its stdout.
+    pub fn exec(&self, name: &str, script: &str) -> String {
+        self.kubectl(&["exec", name, "--", "/bin/busybox", "sh", "-c", script])
+    }
+}
+
+/// Asks `condition` every 200 ms until it holds, and panics naming `what`
+/// after `within`. For conditions that ask the cluster ([`crate::wait_until`]
+/// asks every 10 ms: a kubectl each time kept a core busy through every
+/// wait).
+pub fn poll_until(what: &str, within: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !condition() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// `cluster.sh VERB DIR` with the programs of `make kube-tools`.
 fn script(verb: &str, dir: &Path) -> Command {
     let mut command = Command::new(repository().join("tests/kube/cluster.sh"));
@@ -372,8 +429,8 @@ pub const STARTUP_TAINT: &str = "ebs.csi.aws.com/agent-not-ready";
 /// on a cluster's node: EC2 is moto behind serve.py on the node's address,
 /// the node is the instance it runs as (its providerID and its zone and
 /// instance-type labels, as the AWS cloud controller manager sets them),
-/// the snapshot CRDs and snapshot-controller are installed, and where asked
-/// the attach simulator plays the instance's hypervisor: an attached
+/// the snapshot CRDs and snapshot-controller are installed, and the
+/// attach simulator plays the instance's hypervisor: an attached
 /// volume is a loop device with an EBS volume's links in `<DIR>/dev`, which
 /// the agent takes as its device tree (`--dev-dir`) and the helper accepts
 /// (`--allow-loop-devices`).
@@ -382,13 +439,15 @@ pub struct Driver {
     pub instance: String,
     /// EC2.
     pub moto: Moto,
-    _simulator: Option<Process>,
+    /// The device tree the attach simulator fills (`<DIR>/dev`).
+    dev: PathBuf,
+    _simulator: Process,
 }
 
 impl Driver {
-    /// Installs the driver on `cluster` (registered with [`STARTUP_TAINT`]),
-    /// with the attach simulator when `devices`; returns once helm has.
-    pub fn install(cluster: &Cluster, devices: bool) -> Self {
+    /// Installs the driver on `cluster` (registered with [`STARTUP_TAINT`])
+    /// with the attach simulator; returns once helm has.
+    pub fn install(cluster: &Cluster) -> Self {
         let moto = Moto::start_on(NODE_IP, &[]);
         let instance = moto.run_instance(REGION, ZONE);
         cluster.kubectl(&[
@@ -427,27 +486,25 @@ impl Driver {
             ),
             format!("--set-json=controller.env={env}"),
         ];
-        let simulator = devices.then(|| {
-            let dev = cluster.dir().join("dev");
-            let simulator = crate::lifecycle::start_simulator(&cluster.dir(), &moto.endpoint, &instance);
-            args.extend([
-                format!("--set-json=node.additionalArgs=[\"--dev-dir={}\"]", dev.display()),
-                format!(
-                    r#"--set-json=node.volumes=[{{"name": "ebs-dev", "hostPath": {{"path": "{}"}}}}]"#,
-                    dev.display()
-                ),
-                format!(
-                    r#"--set-json=node.volumeMounts=[{{"name": "ebs-dev", "mountPath": "{}"}}]"#,
-                    dev.display()
-                ),
-                "--set-json=node.helper.additionalArgs=[\"--allow-loop-devices\"]".to_owned(),
-            ]);
-            simulator
-        });
+        let dev = cluster.dir().join("dev");
+        let simulator = crate::lifecycle::start_simulator(&cluster.dir(), &moto.endpoint, &instance);
+        args.extend([
+            format!("--set-json=node.additionalArgs=[\"--dev-dir={}\"]", dev.display()),
+            format!(
+                r#"--set-json=node.volumes=[{{"name": "ebs-dev", "hostPath": {{"path": "{}"}}}}]"#,
+                dev.display()
+            ),
+            format!(
+                r#"--set-json=node.volumeMounts=[{{"name": "ebs-dev", "mountPath": "{}"}}]"#,
+                dev.display()
+            ),
+            "--set-json=node.helper.additionalArgs=[\"--allow-loop-devices\"]".to_owned(),
+        ]);
         cluster.helm(&args.iter().map(String::as_str).collect::<Vec<_>>());
         Self {
             instance,
             moto,
+            dev,
             _simulator: simulator,
         }
     }
@@ -493,6 +550,15 @@ pub fn pod(name: &str, script: &str, claims: &[(&str, &str)], security: &serde_j
 }
 
 impl Driver {
+    /// The names of the attach simulator's links in `disk/by-id`: the
+    /// instance's root volume's and each attached volume's.
+    pub fn device_links(&self) -> Vec<String> {
+        std::fs::read_dir(self.dev.join("disk/by-id"))
+            .expect("the attach simulator's disk/by-id")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+
     /// Waits until every pod is Ready ([`Cluster::wait_until_every_pod_is_ready`])
     /// and kubelet has registered the driver in the node's CSINode (the
     /// registrar's registration reaches it after the pods are Ready; until
@@ -500,28 +566,26 @@ impl Driver {
     /// topology key found on CSINode").
     pub fn wait_until_ready(&self, cluster: &Cluster) {
         cluster.wait_until_every_pod_is_ready();
-        cluster.wait_for(
-            "csinode",
-            NODE_NAME,
+        poll_until("the driver in the node's CSINode", Duration::from_secs(60), || {
             // The cluster's only driver; `[?()]` fails while there is none.
-            "{.spec.drivers[*].nodeID}",
-            &self.instance,
-            Duration::from_secs(60),
-        );
+            cluster.kubectl(&["get", "csinode", NODE_NAME, "-o", "jsonpath={.spec.drivers[*].nodeID}"]) == self.instance
+        });
     }
 
     /// Asserts that the driver's logs are clean since it started (#43 item
-    /// 4: a clean scenario ends with it, so noise is caught as it appears):
+    /// 4: the scenarios end with it, so noise is caught as it appears):
     /// no warning or error (klog's `W`/`E` lines, `E1128 18:51:31.322699 …`;
     /// tracing's `WARN`/`ERROR`) from the driver's own containers
     /// (`ebs-plugin` of both pods, `ebs-csi-helper`), and none from a
     /// sidecar or the snapshot-controller that carries a CSI call the
-    /// driver failed (`rpc error: code = …`) but for [`KNOWN_CHATTER`]. The
-    /// sidecars' other warnings are their own retries against the API
-    /// server (a Lease two replicas create at once, a patch of an object
-    /// another controller changed, a PersistentVolume already gone), which
-    /// come and go with timing; kubelet's log is not looked at.
-    pub fn assert_logs_are_clean(&self, cluster: &Cluster) {
+    /// driver failed (`rpc error: code = …`), but for [`KNOWN_CHATTER`] and
+    /// the lines of the refusals a scenario `provoked` (what such a line
+    /// contains, and which refusal it is). The sidecars' other warnings are
+    /// their own retries against the API server (a Lease two replicas
+    /// create at once, a patch of an object another controller changed, a
+    /// PersistentVolume already gone), which come and go with timing;
+    /// kubelet's log is not looked at.
+    pub fn assert_logs_are_clean(&self, cluster: &Cluster, provoked: &[(&str, &str)]) {
         let mut noise = Vec::new();
         for selector in [
             "app.kubernetes.io/name=aws-ebs-csi-driver",
@@ -538,7 +602,11 @@ impl Driver {
                 "--tail=-1",
                 "--max-log-requests=20",
             ]);
-            noise.extend(log.lines().filter(|line| is_noise(line)).map(str::to_owned));
+            noise.extend(
+                log.lines()
+                    .filter(|line| is_noise(line) && !provoked.iter().any(|(text, _)| line.contains(text)))
+                    .map(str::to_owned),
+            );
         }
         assert!(
             noise.is_empty(),

@@ -1,5 +1,4 @@
-//! What a claim can ask for, through a real cluster (#43 item 4;
-//! `ebs_csi_tests::kube`): the `standard` overlay from the chart, the real
+//! What a claim can ask for, through the real cluster: the real
 //! csi-provisioner, csi-attacher, csi-resizer, csi-snapshotter,
 //! snapshot-controller and kubelet driving the driver, EC2 as moto behind
 //! serve.py with the attach simulator playing the instance's hypervisor
@@ -8,19 +7,13 @@
 //!
 //! Each step is checked where a user would look: the claim's status, what
 //! the pod sees (`df`, the data, owners and modes) and what EC2 says.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "integration tests: a failed step fails the test"
-)]
 
 use std::time::Duration;
 
 use serde_json::json;
 
-use ebs_csi_tests::kube::{Cluster, Driver, driver_images, pod};
+use ebs_csi_tests::kube::{Driver, Namespace, pod, poll_until};
 use ebs_csi_tests::moto::REGION;
-use ebs_csi_tests::{require_root, wait_until};
 
 /// A gp3 class that waits for the first consumer and lets its claims grow;
 /// the classes of snapshots, group snapshots and volume attributes. Its
@@ -30,7 +23,7 @@ use ebs_csi_tests::{require_root, wait_until};
 const CLASSES: &str = r#"
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
-metadata: {name: ebs-gp3}
+metadata: {name: ebs-gp3-xfs}
 provisioner: ebs.csi.aws.com
 volumeBindingMode: WaitForFirstConsumer
 allowVolumeExpansion: true
@@ -55,7 +48,7 @@ driverName: ebs.csi.aws.com
 parameters: {iops: "4000", throughput: "250"}
 "#;
 
-/// A claim of `ebs-gp3` named `name`, of `size`, with `spec` merged in
+/// A claim of `ebs-gp3-xfs` named `name`, of `size`, with `spec` merged in
 /// (`dataSource`, `accessModes`, `volumeMode`) and the label `group: app`.
 fn claim(name: &str, size: &str, spec: &serde_json::Value) -> String {
     let mut claim = json!({
@@ -64,7 +57,7 @@ fn claim(name: &str, size: &str, spec: &serde_json::Value) -> String {
         "metadata": {"name": name, "labels": {"group": "app"}},
         "spec": {
             "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "ebs-gp3",
+            "storageClassName": "ebs-gp3-xfs",
             "resources": {"requests": {"storage": size}},
         },
     });
@@ -75,48 +68,55 @@ fn claim(name: &str, size: &str, spec: &serde_json::Value) -> String {
 }
 
 /// A pod that runs until it is deleted, with `claims` (see [`pod`]).
-fn running_pod(cluster: &Cluster, name: &str, claims: &[(&str, &str)]) {
-    cluster.apply(&pod(name, "trap 'exit 0' TERM; sleep 3600 & wait", claims, &json!({})));
-    cluster.wait_for("pod", name, "{.status.phase}", "Running", Duration::from_secs(180));
+fn running_pod(ns: &Namespace<'_>, name: &str, claims: &[(&str, &str)]) {
+    ns.apply(&pod(name, "trap 'exit 0' TERM; sleep 3600 & wait", claims, &json!({})));
+    ns.wait_for("pod", name, "{.status.phase}", "Running", Duration::from_secs(180));
 }
 
 /// The EBS volume bound to the claim `name`.
-fn volume_of(cluster: &Cluster, name: &str) -> String {
-    let pv = cluster.get("pvc", name, "{.spec.volumeName}");
-    cluster.get("pv", &pv, "{.spec.csi.volumeHandle}")
+fn volume_of(ns: &Namespace<'_>, name: &str) -> String {
+    let pv = ns.get("pvc", name, "{.spec.volumeName}");
+    ns.get("pv", &pv, "{.spec.csi.volumeHandle}")
+}
+
+/// The PersistentVolumes whose claims are in `ns` (kubectl lists every
+/// PersistentVolume: they belong to the whole cluster).
+fn volumes_of_claims_in(ns: &Namespace<'_>) -> Vec<String> {
+    let claimed = ns.kubectl(&[
+        "get",
+        "pv",
+        "-o",
+        r#"jsonpath={range .items[*]}{.spec.claimRef.namespace} {.metadata.name}{"\n"}{end}"#,
+    ]);
+    claimed
+        .lines()
+        .filter_map(|line| line.strip_prefix(&format!("{} ", ns.name())))
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The size in KiB of the filesystem mounted at `path` in the pod `name`.
-fn filesystem_kib(cluster: &Cluster, name: &str, path: &str) -> u64 {
-    let df = cluster.exec(name, &format!("df -k {path} | tail -n 1"));
+fn filesystem_kib(ns: &Namespace<'_>, name: &str, path: &str) -> u64 {
+    let df = ns.exec(name, &format!("df -k {path} | tail -n 1"));
     df.split_whitespace()
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("df: {df}"))
 }
 
-/// Both scenarios on one cluster and one installed driver (a cluster and
-/// the chart take about 35 s to start).
-#[test]
-fn what_a_claim_asks_for_reaches_its_pod() {
-    require_root();
-    let cluster = Cluster::up_with(&[], &driver_images());
-    let driver = Driver::install(&cluster, true);
-    driver.wait_until_ready(&cluster);
-    cluster.apply(CLASSES);
-    a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(&cluster, &driver);
-    block_single_pod_and_fs_group_claims_reach_their_pods_as_asked(&cluster);
-    driver.assert_logs_are_clean(&cluster);
-    cluster.helm(&["uninstall", "ebs-csi", "--namespace", "kube-system", "--wait"]);
-    cluster.down();
+/// Both scenarios, one after the other, in `ns`.
+pub fn what_a_claim_asks_for_reaches_its_pod(ns: &Namespace<'_>, driver: &Driver) {
+    ns.apply(CLASSES);
+    a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(ns, driver);
+    block_single_pod_and_fs_group_claims_reach_their_pods_as_asked(ns);
 }
 
-fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(cluster: &Cluster, driver: &Driver) {
-    cluster.apply(&claim("data", "1Gi", &json!({})));
-    cluster.apply(&claim("logs", "1Gi", &json!({})));
-    running_pod(cluster, "app", &[("data", "/data"), ("logs", "/logs")]);
-    cluster.exec("app", "echo data > /data/file && echo logs > /logs/file && sync");
-    let volume = volume_of(cluster, "data");
+fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(ns: &Namespace<'_>, driver: &Driver) {
+    ns.apply(&claim("data", "1Gi", &json!({})));
+    ns.apply(&claim("logs", "1Gi", &json!({})));
+    running_pod(ns, "app", &[("data", "/data"), ("logs", "/logs")]);
+    ns.exec("app", "echo data > /data/file && echo logs > /logs/file && sync");
+    let volume = volume_of(ns, "data");
     let ec2 = |field: &str| {
         let described = driver.moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume)]);
         let (_, rest) = described.split_once(&format!("<{field}>")).expect(field);
@@ -125,16 +125,16 @@ fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(cluste
 
     // Online expansion: the resizer grows the volume in EC2, kubelet the
     // filesystem the pod has mounted.
-    let before = filesystem_kib(cluster, "app", "/data");
+    let before = filesystem_kib(ns, "app", "/data");
     assert!(before < 1 << 20, "{before} KiB");
-    cluster.kubectl(&[
+    ns.kubectl(&[
         "patch",
         "pvc",
         "data",
         "--patch",
         r#"{"spec": {"resources": {"requests": {"storage": "8Gi"}}}}"#,
     ]);
-    cluster.wait_for(
+    ns.wait_for(
         "pvc",
         "data",
         "{.status.capacity.storage}",
@@ -142,20 +142,20 @@ fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(cluste
         Duration::from_secs(120),
     );
     assert_eq!(ec2("size"), "8");
-    wait_until("the pod to see the grown filesystem", Duration::from_secs(60), || {
-        filesystem_kib(cluster, "app", "/data") > 7 << 20
+    poll_until("the pod to see the grown filesystem", Duration::from_secs(60), || {
+        filesystem_kib(ns, "app", "/data") > 7 << 20
     });
 
     // A VolumeAttributesClass: EC2 shows its IOPS and throughput (4,000
     // IOPS: gp3 takes 500 per GiB, at least 3,000, so 8 GiB and more).
-    cluster.kubectl(&[
+    ns.kubectl(&[
         "patch",
         "pvc",
         "data",
         "--patch",
         r#"{"spec": {"volumeAttributesClassName": "fast"}}"#,
     ]);
-    cluster.wait_for(
+    ns.wait_for(
         "pvc",
         "data",
         "{.status.currentVolumeAttributesClassName}",
@@ -165,11 +165,11 @@ fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(cluste
     assert_eq!((ec2("iops"), ec2("throughput")), ("4000".to_owned(), "250".to_owned()));
 
     // A snapshot, restored into a claim of its own.
-    cluster.apply(
+    ns.apply(
         r#"{"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot", "metadata": {"name": "snap"},
             "spec": {"volumeSnapshotClassName": "ebs", "source": {"persistentVolumeClaimName": "data"}}}"#,
     );
-    cluster.wait_for(
+    ns.wait_for(
         "volumesnapshot",
         "snap",
         "{.status.readyToUse}",
@@ -178,9 +178,9 @@ fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(cluste
     );
     let from_snapshot =
         json!({"dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "snap"}});
-    cluster.apply(&claim("restored", "8Gi", &from_snapshot));
+    ns.apply(&claim("restored", "8Gi", &from_snapshot));
     assert_eq!(
-        cluster.run(
+        ns.run(
             "reader",
             &pod("reader", "cat /data/file", &[("restored", "/data")], &json!({}))
         ),
@@ -189,19 +189,19 @@ fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(cluste
 
     // A group snapshot of both claims (label group: app): one snapshot of
     // each, restored together.
-    cluster.kubectl(&["label", "pvc", "restored", "group-"]);
-    cluster.apply(
+    ns.kubectl(&["label", "pvc", "restored", "group-"]);
+    ns.apply(
         r#"{"apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshot", "metadata": {"name": "group"},
             "spec": {"volumeGroupSnapshotClassName": "ebs", "source": {"selector": {"matchLabels": {"group": "app"}}}}}"#,
     );
-    cluster.wait_for(
+    ns.wait_for(
         "volumegroupsnapshot",
         "group",
         "{.status.readyToUse}",
         "true",
         Duration::from_secs(120),
     );
-    let members = cluster.kubectl(&[
+    let members = ns.kubectl(&[
         "get",
         "volumesnapshots",
         "-o",
@@ -213,7 +213,7 @@ fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(cluste
     // csi-snapshotter's one-minute resync (the chart's --resync-period)
     // undoes snapshot-controller setting a ready member back to not ready.
     for member in &members {
-        cluster.wait_for(
+        ns.wait_for(
             "volumesnapshot",
             member,
             "{.status.readyToUse}",
@@ -224,9 +224,9 @@ fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(cluste
     for (i, member) in members.iter().enumerate() {
         let source =
             json!({"dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": member}});
-        cluster.apply(&claim(&format!("member-{i}"), "8Gi", &source));
+        ns.apply(&claim(&format!("member-{i}"), "8Gi", &source));
     }
-    let read = cluster.run(
+    let read = ns.run(
         "group-reader",
         &pod(
             "group-reader",
@@ -237,20 +237,22 @@ fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(cluste
     );
     assert_eq!(read, "data\nlogs\n");
 
-    cluster.kubectl(&["delete", "pods", "--all", "--wait"]);
-    cluster.kubectl(&["delete", "volumegroupsnapshots,volumesnapshots,pvc", "--all", "--wait"]);
-    wait_until("every PersistentVolume to go", Duration::from_secs(120), || {
-        cluster.kubectl(&["get", "pv", "-o", "name"]).is_empty()
-    });
+    ns.kubectl(&["delete", "pods", "--all", "--wait"]);
+    ns.kubectl(&["delete", "volumegroupsnapshots,volumesnapshots,pvc", "--all", "--wait"]);
+    poll_until(
+        "every PersistentVolume of its claims to go",
+        Duration::from_secs(120),
+        || volumes_of_claims_in(ns).is_empty(),
+    );
 }
 
-fn block_single_pod_and_fs_group_claims_reach_their_pods_as_asked(cluster: &Cluster) {
+fn block_single_pod_and_fs_group_claims_reach_their_pods_as_asked(ns: &Namespace<'_>) {
     // A raw block claim: the device itself, never formatted, kept across pods.
-    cluster.apply(&claim("block", "1Gi", &json!({"volumeMode": "Block"})));
+    ns.apply(&claim("block", "1Gi", &json!({"volumeMode": "Block"})));
     let write = "head -c 4096 /dev/xvdb | tr -d '\\0' | wc -c && blockdev --getsize64 /dev/xvdb \
                  && printf kept | dd of=/dev/xvdb bs=512 seek=2048 conv=fsync 2>/dev/null";
     assert_eq!(
-        cluster.run(
+        ns.run(
             "block-writer",
             &pod("block-writer", write, &[("block", "/dev/xvdb")], &json!({}))
         ),
@@ -258,7 +260,7 @@ fn block_single_pod_and_fs_group_claims_reach_their_pods_as_asked(cluster: &Clus
     );
     let read = "dd if=/dev/xvdb bs=512 skip=2048 count=1 2>/dev/null | head -c 4";
     assert_eq!(
-        cluster.run(
+        ns.run(
             "block-reader",
             &pod("block-reader", read, &[("block", "/dev/xvdb")], &json!({}))
         ),
@@ -266,15 +268,15 @@ fn block_single_pod_and_fs_group_claims_reach_their_pods_as_asked(cluster: &Clus
     );
 
     // ReadWriteOncePod: a second pod waits until the first is gone.
-    cluster.apply(&claim("only", "1Gi", &json!({"accessModes": ["ReadWriteOncePod"]})));
-    running_pod(cluster, "owner", &[("only", "/data")]);
-    cluster.apply(&pod("second", "echo in", &[("only", "/data")], &json!({})));
-    wait_until("the second pod to be held back", Duration::from_secs(60), || {
-        cluster.events("second").contains("ReadWriteOncePod")
+    ns.apply(&claim("only", "1Gi", &json!({"accessModes": ["ReadWriteOncePod"]})));
+    running_pod(ns, "owner", &[("only", "/data")]);
+    ns.apply(&pod("second", "echo in", &[("only", "/data")], &json!({})));
+    poll_until("the second pod to be held back", Duration::from_secs(60), || {
+        ns.events("second").contains("ReadWriteOncePod")
     });
-    assert_eq!(cluster.get("pod", "second", "{.status.phase}"), "Pending");
-    cluster.kubectl(&["delete", "pod", "owner", "--wait"]);
-    cluster.wait_for(
+    assert_eq!(ns.get("pod", "second", "{.status.phase}"), "Pending");
+    ns.kubectl(&["delete", "pod", "owner", "--wait"]);
+    ns.wait_for(
         "pod",
         "second",
         "{.status.phase}",
@@ -284,17 +286,19 @@ fn block_single_pod_and_fs_group_claims_reach_their_pods_as_asked(cluster: &Clus
 
     // fsGroup: kubelet gives the volume to the pod's group (the driver's
     // fsGroupPolicy File), so a pod of another user writes to it.
-    cluster.apply(&claim("shared", "1Gi", &json!({})));
+    ns.apply(&claim("shared", "1Gi", &json!({})));
     let script = "touch /data/file && stat -c '%u %g %a' /data /data/file";
     let security = json!({"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 2000});
     assert_eq!(
-        cluster.run("grouped", &pod("grouped", script, &[("shared", "/data")], &security)),
+        ns.run("grouped", &pod("grouped", script, &[("shared", "/data")], &security)),
         "0 2000 2775\n1000 2000 644\n"
     );
 
-    cluster.kubectl(&["delete", "pods", "--all", "--wait"]);
-    cluster.kubectl(&["delete", "pvc", "--all", "--wait"]);
-    wait_until("every PersistentVolume to go", Duration::from_secs(120), || {
-        cluster.kubectl(&["get", "pv", "-o", "name"]).is_empty()
-    });
+    ns.kubectl(&["delete", "pods", "--all", "--wait"]);
+    ns.kubectl(&["delete", "pvc", "--all", "--wait"]);
+    poll_until(
+        "every PersistentVolume of its claims to go",
+        Duration::from_secs(120),
+        || volumes_of_claims_in(ns).is_empty(),
+    );
 }

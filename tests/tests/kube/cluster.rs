@@ -1,28 +1,23 @@
-//! The real cluster the Kubernetes scenarios run on (#43; `ebs_csi_tests::kube`):
-//! Kubernetes v1.35.4 built from its module, Debian's containerd, runc and
-//! the CNI bridge. It starts, its node is Ready, a pod on the bridge reaches
-//! the API server through the `kubernetes` Service (kube-proxy's DNAT) with
-//! the token the controller manager's service-account machinery gives it, a
-//! second cluster is refused before it touches the first, an image nobody
-//! built is never run — and down leaves nothing behind.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "integration tests: a failed step fails the test"
-)]
+//! The cluster itself (`ebs_csi_tests::kube`): Kubernetes v1.35.4 built from
+//! its module, Debian's containerd, runc and the CNI bridge. Its node is
+//! Ready, a pod on the bridge reaches the API server through the
+//! `kubernetes` Service (kube-proxy's DNAT) with the token the controller
+//! manager's service-account machinery gives it, a second cluster is refused
+//! before it touches the first, an image nobody built is never run — and
+//! down leaves nothing behind.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use ebs_csi_tests::kube::{BRIDGE, BUSYBOX, Cluster, NODE_IP, NODE_NAME};
-use ebs_csi_tests::{mounts_under, repository, require_root, wait_until};
+use ebs_csi_tests::kube::{BRIDGE, BUSYBOX, Cluster, NODE_IP, NODE_NAME, poll_until};
+use ebs_csi_tests::{mounts_under, repository};
 
 /// What the cluster may leave outside its directory, each printed as it is
 /// now: the node's address, the bridge, the iptables chains kube-proxy and
 /// kubelet make, containerd's and CNI's fixed directories, the cgroups
 /// kubelet makes, a containerd shim, /dev's propagation (made shared).
-fn outside_state() -> Vec<String> {
+pub fn outside_state() -> Vec<String> {
     let run = |program: &str, args: &[&str]| {
         String::from_utf8(Command::new(program).args(args).output().unwrap().stdout).unwrap()
     };
@@ -60,13 +55,11 @@ fn phase(cluster: &Cluster, name: &str) -> String {
     cluster.kubectl(&["get", "pod", name, "-o", "jsonpath={.status.phase}"])
 }
 
-#[test]
-fn a_real_cluster_runs_a_pod_that_reaches_its_api_server_and_leaves_nothing() {
-    require_root();
-    let before = outside_state();
-    let cluster = Cluster::up();
+/// The node runs the version built, a pod reaches the API server, an
+/// image the tests did not build is never pulled, and a second cluster is
+/// refused before it touches this one.
+pub fn runs_a_pod_that_reaches_its_api_server_and_pulls_nothing(cluster: &Cluster) {
     let dir = cluster.dir();
-
     let info = cluster.kubectl(&[
         "get",
         "node",
@@ -85,11 +78,11 @@ fn a_real_cluster_runs_a_pod_that_reaches_its_api_server_and_leaves_nothing() {
                 "args": ["sh", "-c", "test -s /var/run/secrets/kubernetes.io/serviceaccount/token && nc -w 5 $KUBERNETES_SERVICE_HOST $KUBERNETES_SERVICE_PORT </dev/null && echo reached the API server"]}}]}}}}"#
         ),
     );
-    wait_until("the probe pod to end", Duration::from_secs(60), || {
-        matches!(phase(&cluster, "probe").as_str(), "Succeeded" | "Failed")
+    poll_until("the probe pod to end", Duration::from_secs(60), || {
+        matches!(phase(cluster, "probe").as_str(), "Succeeded" | "Failed")
     });
     assert_eq!(cluster.kubectl(&["logs", "probe"]), "reached the API server\n");
-    assert_eq!(phase(&cluster, "probe"), "Succeeded");
+    assert_eq!(phase(cluster, "probe"), "Succeeded");
 
     // Nothing is pulled: an image the tests did not build is never run,
     // and the pod's events name it.
@@ -101,7 +94,7 @@ fn a_real_cluster_runs_a_pod_that_reaches_its_api_server_and_leaves_nothing() {
         "--restart",
         "Never",
     ]);
-    wait_until("the pull's failure", Duration::from_secs(60), || {
+    poll_until("the pull's failure", Duration::from_secs(60), || {
         cluster
             .kubectl(&[
                 "get",
@@ -113,6 +106,7 @@ fn a_real_cluster_runs_a_pod_that_reaches_its_api_server_and_leaves_nothing() {
             ])
             .contains("Failed to pull image \"registry.k8s.io/not-built:1\"")
     });
+    cluster.kubectl(&["delete", "pods", "probe", "unbuilt", "--wait"]);
 
     // A second cluster is refused before it touches the first.
     let second = Command::new(repository().join("tests/kube/cluster.sh"))
@@ -134,7 +128,13 @@ fn a_real_cluster_runs_a_pod_that_reaches_its_api_server_and_leaves_nothing() {
         "10s",
         &format!("node/{NODE_NAME}"),
     ]);
+}
 
+/// Tears `cluster` down and asserts that it left nothing: the state
+/// outside its directory as it was `before` it started, its directory and
+/// mounts gone, none of its processes left.
+pub fn goes_and_leaves_nothing(cluster: Cluster, before: &[String]) {
+    let dir = cluster.dir();
     let sandbox = dir.parent().unwrap().to_owned();
     cluster.down();
     assert_eq!(outside_state(), before);

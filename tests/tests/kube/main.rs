@@ -1,0 +1,84 @@
+//! The driver on a real cluster (#43; `ebs_csi_tests::kube`): Kubernetes
+//! v1.35.4 built from its module, the `standard` overlay installed from the
+//! chart with the real sidecars, EC2 as moto behind serve.py with the attach
+//! simulator playing the instance's hypervisor.
+//!
+//! One test on one cluster: a cluster and the chart take about 35 s to
+//! start and only one can run on a machine, so the scenarios share them.
+//! The chart's checks and the cluster's own come first; then the claims'
+//! scenarios (`claims.rs`) run beside the volume's life and the refusals
+//! (`volumes.rs`), each in a namespace of its own, with their checks of
+//! what is left scoped to it; what no scenario may leave (a
+//! PersistentVolume, a VolumeAttachment, a CSI mount, a device) and the
+//! driver's logs are checked once all have ended, and the cluster, torn
+//! down, must leave nothing behind.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "integration tests: a failed step fails the test"
+)]
+
+mod chart;
+mod claims;
+mod cluster;
+mod volumes;
+
+use std::time::Duration;
+
+use ebs_csi_tests::kube::{Cluster, Driver, driver_images, poll_until};
+use ebs_csi_tests::{mounts_under, require_root};
+
+#[test]
+fn the_driver_serves_a_real_cluster_and_leaves_nothing() {
+    require_root();
+    let before = cluster::outside_state();
+    let cluster = Cluster::up_with(&[("NODE_TAINTS", &chart::node_taints())], &driver_images());
+    let driver = Driver::install(&cluster);
+    driver.wait_until_ready(&cluster);
+    chart::installs_the_standard_overlay(&cluster, &driver);
+    // Once the agent removed the startup taint, which no pod tolerates.
+    cluster::runs_a_pod_that_reaches_its_api_server_and_pulls_nothing(&cluster);
+
+    std::thread::scope(|scope| {
+        let claims =
+            scope.spawn(|| claims::what_a_claim_asks_for_reaches_its_pod(&cluster.namespace("claims"), &driver));
+        let volumes = scope.spawn(|| {
+            volumes::a_dynamic_volume_keeps_its_data_across_pods_and_goes_with_its_claim(
+                &cluster.namespace("volumes"),
+                &driver,
+            );
+            volumes::refusals_reach_the_claims_and_pods_events_and_leave_nothing_in_ec2(
+                &cluster.namespace("refusals"),
+                &driver,
+            );
+        });
+        for scenario in [claims, volumes] {
+            if let Err(panic) = scenario.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+
+    nothing_of_any_volume_is_left(&cluster, &driver);
+    driver.assert_logs_are_clean(&cluster, &volumes::PROVOKED);
+    cluster.helm(&["uninstall", "ebs-csi", "--namespace", "kube-system", "--wait"]);
+    drop(driver); // moto and the attach simulator, whose arguments name the cluster's directory
+    cluster::goes_and_leaves_nothing(cluster, &before);
+}
+
+/// Once every claim is gone: no PersistentVolume or VolumeAttachment, no
+/// CSI mount under kubelet's directory, and of the attach simulator's
+/// device links only the instance's root volume's.
+fn nothing_of_any_volume_is_left(cluster: &Cluster, driver: &Driver) {
+    poll_until("no VolumeAttachment to be left", Duration::from_secs(60), || {
+        cluster.kubectl(&["get", "volumeattachments", "-o", "name"]).is_empty()
+    });
+    assert_eq!(cluster.kubectl(&["get", "pv", "-o", "name"]), "");
+    let csi_mounts: Vec<String> = mounts_under(&cluster.dir().join("kubelet"))
+        .into_iter()
+        .filter(|m| m.contains("/kubernetes.io~csi/") || m.contains("/plugins/kubernetes.io/csi/"))
+        .collect();
+    assert_eq!(csi_mounts, Vec::<String>::new());
+    let links = driver.device_links();
+    assert_eq!(links.len(), 1, "{links:?}");
+}
