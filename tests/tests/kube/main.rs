@@ -10,8 +10,10 @@
 //! (`volumes.rs`), each in a namespace of its own, with their checks of
 //! what is left scoped to it; what no scenario may leave (a
 //! PersistentVolume, a VolumeAttachment, a CSI mount, a device) and the
-//! driver's logs are checked once all have ended, and the cluster, torn
-//! down, must leave nothing behind.
+//! driver's logs are checked once all have ended. Last, the chart is
+//! upgraded to the `hardened` overlay with the helper on the host
+//! (`hardened.rs`), a volume's life runs again, the same checks follow,
+//! and the cluster, torn down, must leave nothing behind.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -21,6 +23,7 @@
 mod chart;
 mod claims;
 mod cluster;
+mod hardened;
 mod volumes;
 
 use std::time::Duration;
@@ -59,6 +62,9 @@ fn the_driver_serves_a_real_cluster_and_leaves_nothing() {
         }
     });
 
+    nothing_of_any_volume_is_left(&cluster, &driver);
+    driver.assert_logs_are_clean(&cluster, &volumes::PROVOKED);
+    hardened::the_hosts_helper_serves_a_volumes_life(&cluster, &driver);
     nothing_of_any_volume_is_left(&cluster, &driver);
     driver.assert_logs_are_clean(&cluster, &volumes::PROVOKED);
     cluster.helm(&["uninstall", "ebs-csi", "--namespace", "kube-system", "--wait"]);

@@ -42,8 +42,11 @@ fn pod(name: &str, script: &str) -> String {
     kube::pod(name, script, &[("data", "/data")], &json!({}))
 }
 
-/// The volume's life, in `ns`.
-pub fn a_dynamic_volume_keeps_its_data_across_pods_and_goes_with_its_claim(ns: &Namespace<'_>, driver: &Driver) {
+/// The volume's life, in `ns`; returns the EBS volume's id.
+pub fn a_dynamic_volume_keeps_its_data_across_pods_and_goes_with_its_claim(
+    ns: &Namespace<'_>,
+    driver: &Driver,
+) -> String {
     ns.apply(CLASS_AND_CLAIM);
     // WaitForFirstConsumer: nothing is provisioned before a pod uses it.
     assert_eq!(ns.get("pvc", "data", "{.status.phase}"), "Pending");
@@ -89,6 +92,7 @@ pub fn a_dynamic_volume_keeps_its_data_across_pods_and_goes_with_its_claim(ns: &
         driver.device_links().iter().all(|l| !l.contains(&serial)),
         "the volume's links outlived its detach"
     );
+    volume
 }
 
 /// The PersistentVolumes with a VolumeAttachment.

@@ -1,0 +1,94 @@
+//! The `hardened` overlay on the same node: the helper runs on the host, as
+//! its systemd unit runs it (`docs/install-systemd.md`), and the chart,
+//! upgraded to the overlay's values, gives the node pod no helper container
+//! and no privileged one: the agent reaches the host's helper through
+//! `/run/ebs-csi`, on nodes labelled `ebs.csi.aws.com/helper=installed`.
+//! A volume's life (`volumes.rs`) then runs through the host's helper.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use ebs_csi_tests::kube::{Cluster, Driver, NODE_NAME, poll_until};
+use ebs_csi_tests::{Process, binary, repository, spawn};
+
+use crate::volumes;
+
+/// Where the chart's `hardened` node pod finds the helper's socket (its
+/// `helper-socket` hostPath), as `ebs-csi-helper.socket` makes it.
+const SOCKET_DIR: &str = "/run/ebs-csi";
+
+/// The uid and group the chart runs the agent as, the helper's
+/// `--allowed-uid` and `--socket-group`.
+const AGENT_ID: &str = "990";
+
+/// The helper on the host, with the unit's arguments for this node (its
+/// kubelet directory, the attach simulator's loop devices).
+fn start_host_helper(cluster: &Cluster) -> Process {
+    std::fs::create_dir_all(SOCKET_DIR).unwrap();
+    let socket = Path::new(SOCKET_DIR).join("helper.sock");
+    let mut command = Command::new(binary("ebs-csi-helper"));
+    command
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--socket-group", AGENT_ID, "--allowed-uid", AGENT_ID, "--allowed-root"])
+        .arg(cluster.dir().join("kubelet"))
+        .arg("--allow-loop-devices");
+    spawn("host helper", command, cluster.dir().join("host-helper.log"), &socket)
+}
+
+/// The JSONPath `path` of the node pods (`app=ebs-csi-node`).
+fn node_pods(cluster: &Cluster, path: &str) -> String {
+    cluster.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "kube-system",
+        "-l",
+        "app=ebs-csi-node",
+        "-o",
+        &format!("jsonpath={path}"),
+    ])
+}
+
+/// Upgrades the chart to the `hardened` overlay with the host's helper,
+/// runs a volume's life through it in the namespace `hardened`, and
+/// stops it.
+pub fn the_hosts_helper_serves_a_volumes_life(cluster: &Cluster, driver: &Driver) {
+    let helper = start_host_helper(cluster);
+    cluster.kubectl(&["label", "node", NODE_NAME, "ebs.csi.aws.com/helper=installed"]);
+    let values = repository().join("deploy/kubernetes/overlays/hardened/values.yaml");
+    cluster.helm(&[
+        "upgrade",
+        "ebs-csi",
+        &repository().join("charts/aws-ebs-csi-driver").to_string_lossy(),
+        "--namespace=kube-system",
+        "--reuse-values",
+        &format!("--values={}", values.display()),
+    ]);
+    poll_until(
+        "one node pod, without a helper container",
+        Duration::from_secs(120),
+        || {
+            node_pods(cluster, "{.items[*].spec.containers[*].name}")
+                == "ebs-plugin node-driver-registrar liveness-probe"
+        },
+    );
+    let privileged = node_pods(
+        cluster,
+        "{.items[*].spec.initContainers[*].securityContext.privileged} {.items[*].spec.containers[*].securityContext.privileged}",
+    );
+    assert!(!privileged.contains("true"), "{privileged}");
+    driver.wait_until_ready(cluster);
+
+    let ns = cluster.namespace("hardened");
+    let volume = volumes::a_dynamic_volume_keeps_its_data_across_pods_and_goes_with_its_claim(&ns, driver);
+    let log = helper.log();
+    assert!(log.contains(&volume), "the host's helper never saw {volume}:\n{log}");
+    assert!(
+        !log.lines().any(|l| l.contains(" WARN ") || l.contains(" ERROR ")),
+        "the host's helper warned:\n{log}"
+    );
+    drop(helper);
+    std::fs::remove_dir_all(SOCKET_DIR).unwrap();
+}
