@@ -4,12 +4,15 @@
 # kube-controller-manager, kube-scheduler, kube-proxy and kubelet as built by
 # `make kube-tools`, Debian's containerd 1.6 with runc and the CNI bridge.
 #
-# Usage: cluster.sh up DIR IMAGES...  |  cluster.sh down DIR
+# Usage: cluster.sh up DIR IMAGES...  |  restart-kubelet DIR  |  down DIR
 #   up    makes DIR (it must not exist), starts everything in it, imports
 #         each OCI archive IMAGES into containerd (the pause image among
 #         them: nothing can be pulled here) and waits until the node is Ready;
 #         DIR/admin.kubeconfig is then the cluster's. On any failure it
 #         prints the logs' tails, tears everything down and exits 1.
+#   restart-kubelet  stops kubelet (SIGTERM, as systemd restarts it) and
+#         starts it again with up's settings, its pods' containers and
+#         volumes left as they are, and waits until the node is Ready.
 #   down  ends every process up started, removes every pod's sandbox (CNI
 #         teardown, network namespace), every mount under DIR, the
 #         interfaces, kube-proxy's iptables chains, the cgroups kubelet made,
@@ -46,11 +49,12 @@ shift 2
 bin=${KUBE_BIN:?KUBE_BIN names the built programs (make kube-tools)}
 sock=$dir/containerd/containerd.sock
 
-# start NAME PROGRAM ARGS...: a child in its own session, its log and pid in DIR.
+# start NAME PROGRAM ARGS...: a child in its own session, its log (appended
+# to: a restarted kubelet's follows the first's) and pid in DIR.
 start() {
     name=$1
     shift
-    setsid "$@" >"$dir/logs/$name.log" 2>&1 </dev/null &
+    setsid "$@" >>"$dir/logs/$name.log" 2>&1 </dev/null &
     echo $! >"$dir/pids/$name"
 }
 
@@ -216,11 +220,21 @@ up() {
         --metrics-bind-address "$NODE_IP:10249" --conntrack-max-per-core 0 \
         --conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0
     kubelet_config
+    printf 'KUBELET_ROOT=%s\nNODE_TAINTS=%s\n' "$KUBELET_ROOT" "${NODE_TAINTS:-}" >"$dir/kubelet.env"
+    start_kubelet
+    trap - EXIT
+}
+
+# start_kubelet: kubelet with up's settings (DIR/kubelet.env), until it
+# serves (its healthz through the API server: a restarted kubelet's node
+# is still Ready from before) and the node is Ready.
+start_kubelet() {
+    . "$dir/kubelet.env"
     start kubelet "$bin/kubelet" --config "$dir/kubelet.yaml" --kubeconfig "$dir/kubelet.kubeconfig" \
         --root-dir "$KUBELET_ROOT" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" \
-        --register-with-taints "${NODE_TAINTS:-}"
+        --register-with-taints "$NODE_TAINTS"
+    wait_for "kubelet serving" 120 kubectl get --raw "/api/v1/nodes/$NODE_NAME/proxy/healthz"
     wait_for "node $NODE_NAME Ready" 120 kubectl wait --for condition=Ready --timeout 1s "node/$NODE_NAME"
-    trap - EXIT
 }
 
 failed() {
@@ -297,6 +311,7 @@ down() {
 
 case $command in
 up) up "$@" ;;
+restart-kubelet) stop kubelet && start_kubelet ;;
 down) down ;;
-*) echo "usage: cluster.sh up DIR IMAGES... | down DIR" >&2; exit 2 ;;
+*) echo "usage: cluster.sh up DIR IMAGES... | restart-kubelet DIR | down DIR" >&2; exit 2 ;;
 esac

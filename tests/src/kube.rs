@@ -193,6 +193,21 @@ impl Cluster {
         );
     }
 
+    /// Restarts kubelet as systemd restarts it (`cluster.sh
+    /// restart-kubelet`: SIGTERM, then the same command line), its pods'
+    /// containers and volumes left as they are; returns once it serves and
+    /// the node is Ready.
+    pub fn restart_kubelet(&self) {
+        let output = script("restart-kubelet", &self.dir())
+            .output()
+            .expect("running cluster.sh restart-kubelet");
+        assert!(
+            output.status.success(),
+            "cluster.sh restart-kubelet failed:\n{}",
+            text(&output)
+        );
+    }
+
     /// Tears the cluster down (`cluster.sh down`), asserting it succeeded;
     /// the sandbox goes when `self` does.
     pub fn down(mut self) {
@@ -425,6 +440,11 @@ fn script(verb: &str, dir: &Path) -> Command {
 /// and the agent removes once it is ready (`agent/src/taint.rs`).
 pub const STARTUP_TAINT: &str = "ebs.csi.aws.com/agent-not-ready";
 
+/// How long EC2 keeps a volume `detaching` after DetachVolume, in seconds
+/// (serve.py's `--detach`; EC2 API Reference, DetachVolume): a drain's
+/// preStop has a detach to wait for.
+pub const DETACH_SECONDS: u32 = 3;
+
 /// The driver installed from the chart with the `standard` overlay's values
 /// on a cluster's node: EC2 is moto behind serve.py on the node's address,
 /// the node is the instance it runs as (its providerID and its zone and
@@ -448,7 +468,7 @@ impl Driver {
     /// Installs the driver on `cluster` (registered with [`STARTUP_TAINT`])
     /// with the attach simulator; returns once helm has.
     pub fn install(cluster: &Cluster) -> Self {
-        let moto = Moto::start_on(NODE_IP, &[]);
+        let moto = Moto::start_on(NODE_IP, &["--detach", &DETACH_SECONDS.to_string()]);
         let instance = moto.run_instance(REGION, ZONE);
         cluster.kubectl(&[
             "patch",

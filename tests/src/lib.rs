@@ -234,6 +234,15 @@ impl Sandbox {
     }
 }
 
+/// The directory kubelet stages the CSI volume `volume_id` beneath: its
+/// SHA-256 in hex (`pkg/volume/csi/csi_attacher.go`, `MakeDeviceMountPath`).
+pub fn kubelet_staging_hash(volume_id: &str) -> String {
+    sha2::Sha256::digest(volume_id.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// kubelet's staging path of the volume `volume_id` beneath its root
 /// `kubelet`, made as kubelet makes it before NodeStageVolume (kubernetes
 /// `pkg/volume/csi/csi_attacher.go`, `MountDevice`): an empty directory
@@ -241,10 +250,7 @@ impl Sandbox {
 /// handle>/globalmount` (`MakeDeviceMountPath`) and kubelet's record of
 /// the volume beside it ([`write_kubelet_record`]).
 pub fn kubelet_staging(kubelet: &Path, volume_id: &str) -> PathBuf {
-    let hash: String = sha2::Sha256::digest(volume_id.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hash = kubelet_staging_hash(volume_id);
     let dir = make_dir(&kubelet.join(format!("plugins/kubernetes.io/csi/ebs.csi.aws.com/{hash}")));
     write_kubelet_record(&dir, volume_id);
     make_dir(&dir.join("globalmount"))

@@ -156,10 +156,24 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// Panics unless the guest exited 0 and reported scenarios 1 to `count`.
+    /// Panics unless the guest exited 0 and reported scenarios 1 to `count`;
+    /// the guest's own panic message, where it printed one, comes first
+    /// (a long transcript's middle is what a CI summary leaves out).
     pub fn assert_passed(&self, count: usize) {
         let console = self.transcript.join("\n");
-        assert_eq!(self.status, 0, "the guest failed; its transcript:\n{console}");
+        let panic: Vec<&str> = self
+            .transcript
+            .iter()
+            .skip_while(|line| !line.contains("panicked at"))
+            .take(4)
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            self.status,
+            0,
+            "the guest failed: {}\nits transcript:\n{console}",
+            panic.join("\n")
+        );
         for n in 1..=count {
             assert!(
                 self.scenarios

@@ -24,6 +24,7 @@ mod chart;
 mod claims;
 mod cluster;
 mod hardened;
+mod node_life;
 mod volumes;
 
 use std::time::Duration;
@@ -62,6 +63,9 @@ fn the_driver_serves_a_real_cluster_and_leaves_nothing() {
         }
     });
 
+    node_life::kubelet_restarted_keeps_a_mounted_volume(&cluster, &driver);
+    node_life::the_node_pod_replaced_as_a_volume_attaches(&cluster, &driver);
+    node_life::a_drain_keeps_the_node_pod_until_its_volume_detaches(&cluster, &driver);
     nothing_of_any_volume_is_left(&cluster, &driver);
     driver.assert_logs_are_clean(&cluster, &volumes::PROVOKED);
     hardened::the_hosts_helper_serves_a_volumes_life(&cluster, &driver);

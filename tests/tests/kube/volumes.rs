@@ -19,8 +19,9 @@ use serde_json::json;
 use ebs_csi_tests::kube::{self, Driver, Namespace, poll_until};
 use ebs_csi_tests::moto::{REGION, ZONE};
 
-/// A gp3 class that waits for the first consumer, and a 1 GiB claim of it.
-const CLASS_AND_CLAIM: &str = r#"
+/// A gp3 class that waits for the first consumer, and a 1 GiB claim of it,
+/// `data`.
+pub const CLASS_AND_CLAIM: &str = r#"
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
 metadata: {name: ebs-gp3-ext4}
@@ -38,7 +39,7 @@ spec:
 "#;
 
 /// The pod `name` running `script` once with the claim at /data.
-fn pod(name: &str, script: &str) -> String {
+pub fn pod(name: &str, script: &str) -> String {
     kube::pod(name, script, &[("data", "/data")], &json!({}))
 }
 
@@ -96,7 +97,7 @@ pub fn a_dynamic_volume_keeps_its_data_across_pods_and_goes_with_its_claim(
 }
 
 /// The PersistentVolumes with a VolumeAttachment.
-fn attached_volumes(ns: &Namespace<'_>) -> String {
+pub fn attached_volumes(ns: &Namespace<'_>) -> String {
     ns.kubectl(&[
         "get",
         "volumeattachments",
