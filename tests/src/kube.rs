@@ -193,6 +193,21 @@ impl Cluster {
         );
     }
 
+    /// The JSONPath `path` of the driver's node pods (`app=ebs-csi-node`
+    /// in kube-system), e.g. `{.items[*].metadata.name}`.
+    pub fn node_pods(&self, path: &str) -> String {
+        self.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "app=ebs-csi-node",
+            "-o",
+            &format!("jsonpath={path}"),
+        ])
+    }
+
     /// Restarts kubelet as systemd restarts it (`cluster.sh
     /// restart-kubelet`: SIGTERM, then the same command line), its pods'
     /// containers and volumes left as they are; returns once it serves and

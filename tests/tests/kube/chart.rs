@@ -81,21 +81,12 @@ pub fn installs_the_standard_overlay(cluster: &Cluster, driver: &Driver) {
     assert_eq!(taints(), OTHER_TAINT);
 
     // The registrar's exec probe, as kubelet runs it.
-    let node_pod = cluster.kubectl(&[
-        "get",
-        "pods",
-        "-n",
-        "kube-system",
-        "-l",
-        "app=ebs-csi-node",
-        "-o",
-        "name",
-    ]);
+    let node_pod = cluster.node_pods("{.items[*].metadata.name}");
     cluster.kubectl(&[
         "exec",
         "-n",
         "kube-system",
-        node_pod.trim(),
+        &node_pod,
         "-c",
         "node-driver-registrar",
         "--",

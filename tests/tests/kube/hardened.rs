@@ -37,20 +37,6 @@ fn start_host_helper(cluster: &Cluster) -> Process {
     spawn("host helper", command, cluster.dir().join("host-helper.log"), &socket)
 }
 
-/// The JSONPath `path` of the node pods (`app=ebs-csi-node`).
-fn node_pods(cluster: &Cluster, path: &str) -> String {
-    cluster.kubectl(&[
-        "get",
-        "pods",
-        "-n",
-        "kube-system",
-        "-l",
-        "app=ebs-csi-node",
-        "-o",
-        &format!("jsonpath={path}"),
-    ])
-}
-
 /// Upgrades the chart to the `hardened` overlay with the host's helper,
 /// runs a volume's life through it in the namespace `hardened`, and
 /// stops it.
@@ -70,12 +56,11 @@ pub fn the_hosts_helper_serves_a_volumes_life(cluster: &Cluster, driver: &Driver
         "one node pod, without a helper container",
         Duration::from_secs(120),
         || {
-            node_pods(cluster, "{.items[*].spec.containers[*].name}")
+            cluster.node_pods("{.items[*].spec.containers[*].name}")
                 == "ebs-plugin node-driver-registrar liveness-probe"
         },
     );
-    let privileged = node_pods(
-        cluster,
+    let privileged = cluster.node_pods(
         "{.items[*].spec.initContainers[*].securityContext.privileged} {.items[*].spec.containers[*].securityContext.privileged}",
     );
     assert!(!privileged.contains("true"), "{privileged}");

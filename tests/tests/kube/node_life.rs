@@ -22,6 +22,17 @@ fn writer(name: &str) -> String {
     )
 }
 
+/// The claim `data` in `ns` and the pod `app` that wrote to it, running:
+/// the claim's PersistentVolume and EBS volume.
+fn running_writer(ns: &Namespace<'_>) -> (String, String) {
+    ns.apply(CLASS_AND_CLAIM);
+    ns.apply(&writer("app"));
+    ns.wait_for("pod", "app", "{.status.phase}", "Running", Duration::from_secs(180));
+    let pv = ns.get("pvc", "data", "{.spec.volumeName}");
+    let volume = ns.get("pv", &pv, "{.spec.csi.volumeHandle}");
+    (pv, volume)
+}
+
 /// The mounts under kubelet's directory of the PersistentVolume `pv`: its
 /// staging mount and its pod's.
 fn mounts_of(cluster: &Cluster, pv: &str, volume: &str) -> Vec<String> {
@@ -69,11 +80,7 @@ fn claim_goes(cluster: &Cluster, ns: &Namespace<'_>, driver: &Driver, pv: &str, 
 /// kubelet restarted with a pod's volume mounted.
 pub fn kubelet_restarted_keeps_a_mounted_volume(cluster: &Cluster, driver: &Driver) {
     let ns = cluster.namespace("kubelet-restart");
-    ns.apply(CLASS_AND_CLAIM);
-    ns.apply(&writer("app"));
-    ns.wait_for("pod", "app", "{.status.phase}", "Running", Duration::from_secs(180));
-    let pv = ns.get("pvc", "data", "{.spec.volumeName}");
-    let volume = ns.get("pv", &pv, "{.spec.csi.volumeHandle}");
+    let (pv, volume) = running_writer(&ns);
     let mounted = mounts_of(cluster, &pv, &volume);
     assert_eq!(mounted.len(), 2, "{mounted:?}");
     let taken_down = takedowns(cluster, &volume);
@@ -125,38 +132,17 @@ pub fn the_node_pod_replaced_as_a_volume_attaches(cluster: &Cluster, driver: &Dr
     claim_goes(cluster, &ns, driver, &pv, &volume);
 }
 
-/// The name of the node pod (`pod/…`).
-fn node_pod(cluster: &Cluster) -> String {
-    cluster
-        .kubectl(&[
-            "get",
-            "pods",
-            "-n",
-            "kube-system",
-            "-l",
-            "app=ebs-csi-node",
-            "-o",
-            "name",
-        ])
-        .trim()
-        .to_owned()
-}
-
 /// A drain as a node's scale-down does it: the node cordoned, its pod with
 /// a volume evicted and, once kubelet has unstaged the volume (the node's
 /// `volumesInUse` no longer names it), the node pod ended as the instance's
 /// shutdown ends it, while EC2 detaches the volume (`detaching` for
-/// [`ebs_csi_tests::kube::DETACH_SECONDS`]). The node pod's preStop (`ebs-csi-agent pre-stop`)
-/// keeps it until the volume is detached: its VolumeAttachment goes while
-/// the node pod is still there.
+/// [`ebs_csi_tests::kube::DETACH_SECONDS`]). The node pod's preStop
+/// (`ebs-csi-agent pre-stop`) keeps it until the volume is detached: its
+/// VolumeAttachment goes while the node pod is still there.
 pub fn a_drain_keeps_the_node_pod_until_its_volume_detaches(cluster: &Cluster, driver: &Driver) {
     let ns = cluster.namespace("drain");
-    ns.apply(CLASS_AND_CLAIM);
-    ns.apply(&writer("app"));
-    ns.wait_for("pod", "app", "{.status.phase}", "Running", Duration::from_secs(180));
-    let pv = ns.get("pvc", "data", "{.spec.volumeName}");
-    let volume = ns.get("pv", &pv, "{.spec.csi.volumeHandle}");
-    let old = node_pod(cluster);
+    let (pv, volume) = running_writer(&ns);
+    let old = cluster.node_pods("{.items[*].metadata.name}");
 
     cluster.kubectl(&["cordon", NODE_NAME]);
     ns.kubectl(&["delete", "pod", "app", "--wait"]);
@@ -165,7 +151,7 @@ pub fn a_drain_keeps_the_node_pod_until_its_volume_detaches(cluster: &Cluster, d
             .kubectl(&["get", "node", NODE_NAME, "-o", "jsonpath={.status.volumesInUse}"])
             .contains(&volume)
     });
-    cluster.kubectl(&["delete", "-n", "kube-system", &old, "--wait=false"]);
+    cluster.kubectl(&["delete", "pod", "-n", "kube-system", &old, "--wait=false"]);
     assert!(
         volumes::attached_volumes(&ns).contains(&pv),
         "the volume was detached before the node pod was ended: nothing to wait for"
@@ -173,8 +159,8 @@ pub fn a_drain_keeps_the_node_pod_until_its_volume_detaches(cluster: &Cluster, d
     let mut detached_before_it_went = None;
     poll_until("the old node pod to go", Duration::from_secs(120), || {
         let there = cluster
-            .kubectl(&["get", "pods", "-n", "kube-system", "-o", "name"])
-            .lines()
+            .node_pods("{.items[*].metadata.name}")
+            .split(' ')
             .any(|p| p == old);
         if detached_before_it_went.is_none() && !volumes::attached_volumes(&ns).contains(&pv) {
             detached_before_it_went = Some(there);
