@@ -2,7 +2,7 @@
 to the situations the controller must survive, each as EC2 gives it.
 
 Usage: serve.py PORT [--seed N] [--lag S] [--create S] [--attach S] [--detach S]
-                    [--faults FRACTION] [--snapshot-images DIR]
+                    [--faults FRACTION] [--snapshot-images DIR] [--zones NAME,...]
 
 Everything is moto (moto[server], PyPI) behind one WSGI middleware, served
 by werkzeug as moto_server serves it, with EC2's timing and consistency
@@ -44,7 +44,14 @@ by werkzeug as moto_server serves it, with EC2's timing and consistency
 - makes CreateVolume idempotent by its ClientToken, as EC2 does (EC2 API
   Reference, CreateVolume, ClientToken; "Ensuring idempotency"): a repeat
   with the same parameters answers the volume the first call made, one
-  with other parameters IdempotentParameterMismatch (moto ignores tokens).
+  with other parameters IdempotentParameterMismatch (moto ignores tokens);
+- refuses AttachVolume of a volume in another zone than the instance's
+  with EC2's InvalidVolume.ZoneMismatch (moto attaches it);
+- with --zones, answers DescribeAvailabilityZones with those zones of the
+  region only, as an account sees the zones enabled for it (Amazon EC2
+  User Guide, "Regions and Zones": zones are mapped and offered per
+  account): a world of one node in one zone, where every volume placed
+  without a topology requirement can attach to that node.
 
 EC2 error responses have the shape of the EC2 API Reference, "Error
 responses": <Response><Errors><Error><Code/><Message/></Error></Errors>
@@ -95,6 +102,7 @@ from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ebs.models import ebs_backends
 from moto.ec2.exceptions import EC2ClientError, InvalidSnapshotIdError, InvalidVolumeIdError, VolumeInUseError
 from moto.ec2.models import ec2_backends
+from moto.ec2.models.availability_zones_and_regions import RegionsAndZonesBackend
 from moto.ec2.models.core import TaggedEC2Resource
 from moto.ec2.models.elastic_block_store import EBSBackend, Volume
 from moto.ec2.models.tags import TagBackend
@@ -324,6 +332,15 @@ def attach_volume(self, volume_id, instance_id, device_path, delete_on_terminati
     if volume.attachment:
         # EC2 API Reference, "Error codes": VolumeInUse.
         raise EC2ClientError("VolumeInUse", f"{volume_id} is already attached to an instance")
+    instance = self.get_instance(instance_id)
+    if volume.zone.name != instance.availability_zone:
+        # EC2 API Reference, "Error codes": InvalidVolume.ZoneMismatch, "The
+        # specified volume and instance are in different Availability Zones",
+        # with the message EC2 gives (kubernetes-sigs/aws-ebs-csi-driver#52).
+        raise EC2ClientError(
+            "InvalidVolume.ZoneMismatch",
+            f"The volume '{volume_id}' is not in the same availability zone as instance '{instance_id}'",
+        )
     attachment = BACKEND["attach_volume"](self, volume_id, instance_id, device_path, delete_on_termination)
     attachment.status = "attaching"
     with timeline.lock:
@@ -446,6 +463,16 @@ def get_tags(self):
     if earlier and time.monotonic() < earlier[1] and not getattr(timeline.revealing, "on", False):
         return earlier[0]
     return TAGS["get_tags"](self)
+
+
+def offer_only(zone_names):
+    """DescribeAvailabilityZones answers only the zones `zone_names`."""
+    describe = RegionsAndZonesBackend.describe_availability_zones
+
+    def offered(self, *args, **kwargs):
+        return [z for z in describe(self, *args, **kwargs) if z.name in zone_names]
+
+    RegionsAndZonesBackend.describe_availability_zones = offered
 
 
 def keep_time(seed, lag, create, attach, detach):
@@ -902,7 +929,10 @@ def main():
     parser.add_argument("--detach", type=float, default=0.5, help="seconds an attachment is `detaching`")
     parser.add_argument("--faults", type=float, default=0.0, help="fraction of EC2 calls answered with a fault")
     parser.add_argument("--snapshot-images", help="where the attach simulator copies snapshot contents")
+    parser.add_argument("--zones", help="the only zones DescribeAvailabilityZones answers (comma-separated names)")
     args = parser.parse_args()
+    if args.zones:
+        offer_only(args.zones.split(","))
     global chaos, snapshot_images
     snapshot_images = args.snapshot_images
     chaos = Chaos(args.seed, args.faults)

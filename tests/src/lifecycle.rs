@@ -208,14 +208,19 @@ impl Environment {
 /// # Errors
 /// The [`Failure`] of the component that did not start.
 pub async fn start(report: &mut Report) -> Result<Environment, Failure> {
-    start_with(report, &[]).await
+    start_with(report, &[], &[]).await
 }
 
-/// [`start`], the helper given `helper_args` besides [`Helper::args`].
+/// [`start`], the helper given `helper_args` besides [`Helper::args`] and
+/// `tests/ec2/serve.py` given `ec2_args` (`--zones`, …).
 ///
 /// # Errors
 /// The [`Failure`] of the component that did not start.
-pub async fn start_with(report: &mut Report, helper_args: &'static [&'static str]) -> Result<Environment, Failure> {
+pub async fn start_with(
+    report: &mut Report,
+    helper_args: &'static [&'static str],
+    ec2_args: &'static [&'static str],
+) -> Result<Environment, Failure> {
     let sandbox = Sandbox::new();
     report.log_dir = Some(sandbox.path().to_owned());
     // The attach simulator copies snapshot contents here; serve.py lists
@@ -225,7 +230,7 @@ pub async fn start_with(report: &mut Report, helper_args: &'static [&'static str
         .step(
             "start moto server (EC2 and EBS direct APIs) on 127.0.0.1",
             Component::Ec2,
-            blocking(move || Moto::start_with(&["--snapshot-images", &images])),
+            blocking(move || Moto::start_with(&[&["--snapshot-images", &images][..], ec2_args].concat())),
         )
         .await?;
     let instance_id = moto.run_instance(REGION, ZONE);

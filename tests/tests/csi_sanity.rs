@@ -5,7 +5,11 @@
 //! agent (uid 65534), its Node, Controller and GroupController specs over
 //! the two CSI sockets. The helper takes csi-sanity's own paths
 //! (`--allowed-layout csi-sanity`, a test setting: the suite cannot make
-//! kubelet's or Nomad's, which the hostile tests prove).
+//! kubelet's or Nomad's, which the hostile tests prove). Its world is one
+//! node, and it publishes to that node volumes it made with no topology
+//! requirement (NodeExpandVolume's specs), which EC2 attaches only in the
+//! node's zone (`InvalidVolume.ZoneMismatch`): so the account sees that one
+//! zone of the region (serve.py `--zones`, a test setting).
 //!
 //! Every spec passes or stands in `tests/csi-sanity/excused.tsv` with the
 //! reason the suite or moto gives; an excused spec that passes, or that the
@@ -27,6 +31,7 @@ use std::path::Path;
 use std::process::Command;
 
 use ebs_csi_tests::lifecycle::{self, Report};
+use ebs_csi_tests::moto::ZONE;
 use ebs_csi_tests::{go_tool, repository, require_root};
 
 /// What ginkgo's JSON report says of each spec (`It`), by its full text
@@ -74,7 +79,7 @@ fn excused() -> BTreeMap<String, String> {
 async fn csi_sanity_passes_every_spec_but_the_excused() {
     require_root();
     let mut report = Report::new(false);
-    let env = lifecycle::start_with(&mut report, &["--allowed-layout", "csi-sanity"])
+    let env = lifecycle::start_with(&mut report, &["--allowed-layout", "csi-sanity"], &["--zones", ZONE])
         .await
         .unwrap_or_else(|f| panic!("step {:?} failed: {}\n{}", f.step, f.error, f.log_tail));
     let root = env.dir().join("kubelet");

@@ -9,7 +9,9 @@
 //! claim deleted, the volume is gone from EC2 and nothing of it is left
 //! attached or as a device on the node. Then, in a namespace of their own,
 //! the refusals a user meets, each in the claim's or the pod's events with
-//! the driver's own message, nothing of them left in EC2.
+//! the driver's own message, nothing of them left in EC2: a class with a
+//! parameter the driver does not know, a mount option the helper refuses,
+//! and a volume of another zone than the node's.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -139,13 +141,44 @@ spec: {accessModes: [ReadWriteOnce], storageClassName: devices, resources: {requ
 
 /// What the refused claims leave in the driver's logs, and why
 /// ([`Driver::assert_logs_are_clean`]).
-pub const PROVOKED: [(&str, &str); 2] = [
+pub const PROVOKED: [(&str, &str); 3] = [
     ("tpye", "the class with a parameter the driver does not know"),
     (
         "refused: device nodes on the volume would open the node's devices",
         "the class whose mount option the helper refuses",
     ),
+    (
+        "is not in the same availability zone as instance",
+        "the volume of another zone, its PersistentVolume without node affinity",
+    ),
 ];
+
+/// A zone of the region other than the node's.
+const OTHER_ZONE: &str = "us-east-1b";
+
+/// A PersistentVolume `name` of the EBS volume `volume_id` as a user writes
+/// one for a volume made outside the cluster, but without the node affinity
+/// that would keep its pods off nodes of other zones, and its claim, `name`.
+fn static_volume(name: &str, namespace: &str, volume_id: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: {name}}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  storageClassName: ""
+  claimRef: {{namespace: {namespace}, name: {name}}}
+  csi: {{driver: ebs.csi.aws.com, volumeHandle: {volume_id}, fsType: ext4}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: {name}}}
+spec: {{accessModes: [ReadWriteOnce], storageClassName: "", volumeName: {name}, resources: {{requests: {{storage: 1Gi}}}}}}
+"#
+    )
+}
 
 /// The ids of the EC2 volumes made for claims of `ns` (the provisioner's
 /// `--extra-create-metadata` tags, `kubernetes.io/created-for/pvc/namespace`;
@@ -202,6 +235,74 @@ pub fn refusals_reach_the_claims_and_pods_events_and_leave_nothing_in_ec2(ns: &N
     poll_until("its VolumeAttachment to go", Duration::from_secs(120), || {
         !attached_volumes(ns).contains(&pv)
     });
+    poll_until("EC2 to hold none of its volumes", Duration::from_secs(60), || {
+        ec2_volumes_of(ns, driver).is_empty()
+    });
+    a_volume_of_another_zone_is_refused_by_ec2_in_the_pods_events(ns, driver);
+}
+
+/// A volume made in EC2 in another zone than the node's, given to a pod by
+/// a PersistentVolume without node affinity: the scheduler places the pod,
+/// EC2 refuses the attachment (`InvalidVolume.ZoneMismatch`) and the pod's
+/// `FailedAttachVolume` event says so with the driver's message; the pod
+/// and its claim deleted, the volume is as the user made it, never
+/// attached, and nothing else was made.
+fn a_volume_of_another_zone_is_refused_by_ec2_in_the_pods_events(ns: &Namespace<'_>, driver: &Driver) {
+    let created = driver.moto.ec2(
+        REGION,
+        "CreateVolume",
+        &[
+            ("AvailabilityZone", OTHER_ZONE),
+            ("Size", "1"),
+            ("VolumeType", "gp3"),
+            ("TagSpecification.1.ResourceType", "volume"),
+            (
+                "TagSpecification.1.Tag.1.Key",
+                "kubernetes.io%2Fcreated-for%2Fpvc%2Fnamespace",
+            ),
+            ("TagSpecification.1.Tag.1.Value", ns.name()),
+        ],
+    );
+    let volume_id = created
+        .split("<volumeId>")
+        .nth(1)
+        .and_then(|s| s.split('<').next())
+        .unwrap_or_else(|| panic!("CreateVolume: {created}"));
+    let name = format!("elsewhere-{}", ns.name());
+    ns.apply(&static_volume(&name, ns.name(), volume_id));
+    ns.apply(&kube::pod("elsewhere", "true", &[(name.as_str(), "/data")], &json!({})));
+    let refused = ns.wait_for_event(
+        "elsewhere",
+        "FailedAttachVolume",
+        "availability zone",
+        Duration::from_secs(90),
+    );
+    assert!(
+        refused.contains(&format!(
+            "code = FailedPrecondition desc = incorrect state: The volume '{volume_id}' is not in the same availability zone as instance '{}'",
+            driver.instance
+        )),
+        "{refused}"
+    );
+    assert_eq!(ns.get("pod", "elsewhere", "{.status.phase}"), "Pending");
+
+    ns.kubectl(&["delete", "pods", "--all", "--wait"]);
+    ns.kubectl(&["delete", "pvc", &name, "--wait"]);
+    ns.kubectl(&["delete", "pv", &name, "--wait"]);
+    poll_until("its VolumeAttachment to go", Duration::from_secs(120), || {
+        !attached_volumes(ns).contains(&name)
+    });
+    let described = driver.moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", volume_id)]);
+    assert!(
+        described.contains("<status>available</status>") && !described.contains("<instanceId>"),
+        "the volume of another zone is not as its user made it: {described}"
+    );
+    assert_eq!(
+        ec2_volumes_of(ns, driver),
+        BTreeSet::from([volume_id.to_owned()]),
+        "the refusal made a volume"
+    );
+    driver.moto.ec2(REGION, "DeleteVolume", &[("VolumeId", volume_id)]);
     poll_until("EC2 to hold none of its volumes", Duration::from_secs(60), || {
         ec2_volumes_of(ns, driver).is_empty()
     });
