@@ -338,8 +338,9 @@ previous-package: package-tools
 
 ## bench: speed and footprint against baselines measured in the same run
 ## (target/bench/report.md and report.json; docs/performance.md explains them),
-## of the static binaries the images ship.
-bench: deps moto static
+## of the static binaries the images ship (P9 runs their images on a real
+## cluster, as the tests' own: no other may run meanwhile).
+bench: deps moto static go-tools kube-tools image-build
 	$(CARGO) build --release --workspace --bins
 	@mkdir -p target/bench && rm -f target/bench/ec2.txt
 	EBS_CSI_BENCH_EC2=$(CURDIR)/target/bench/ec2.txt $(CARGO) test --quiet --release -p ebs-csi-controller -- --ignored bench_
@@ -350,7 +351,7 @@ bench: deps moto static
 ## bench-smoke: the same code with tiny sizes and one repetition, so it cannot rot.
 ## (The workspace's build, not one package's: cargo resolves features per
 ## selection, and -p ebs-csi-controller alone built the AWS SDK again.)
-bench-smoke: moto build
+bench-smoke: moto build go-tools kube-tools image-build
 	@mkdir -p target/bench-smoke && rm -f target/bench-smoke/ec2.txt
 	EBS_CSI_BENCH_SMOKE=1 EBS_CSI_BENCH_EC2=$(CURDIR)/target/bench-smoke/ec2.txt \
 	  $(CARGO) test --quiet --workspace --bins -- --ignored bench_

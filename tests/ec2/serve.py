@@ -41,6 +41,8 @@ by werkzeug as moto_server serves it, with EC2's timing and consistency
 - GET /_history answers, as JSON, every volume and snapshot EC2 calls
   made, each with its tags and whether it was deleted, and every
   attachment there is: what a chaos run checks its invariants against;
+  and how long each volume was `creating` and `attaching`: what make
+  bench's P9 sets the driver's time beside;
 - makes CreateVolume idempotent by its ClientToken, as EC2 does (EC2 API
   Reference, CreateVolume, ClientToken; "Ensuring idempotency"): a repeat
   with the same parameters answers the volume the first call made, one
@@ -214,6 +216,9 @@ class Timeline:
         self.deleted = {}
         # volume id: until when its new attachment is left out.
         self.attachment_hidden = {}
+        # volume id: {"creating": s, "attaching": s}, how long its state
+        # changes took (the last attachment's), for GET /_history.
+        self.state_seconds = {}
         # resource id: (its earlier tags, until when they are described).
         self.earlier_tags = {}
         # Per request thread: `on` while serve.py renders a volume for an
@@ -226,6 +231,13 @@ class Timeline:
     def after(self, nominal):
         with self.lock:
             return time.monotonic() + nominal * (0.5 + self.rng.random())
+
+    def state_change(self, volume_id, state, nominal):
+        """When the volume's `state` ends (after), kept for GET /_history."""
+        at = self.after(nominal)
+        with self.lock:
+            self.state_seconds.setdefault(volume_id, {})[state] = at - time.monotonic()
+        return at
 
     def hidden(self, resource_id):
         if getattr(self.revealing, "on", False):
@@ -277,7 +289,7 @@ def create_volume(self, *args, **kwargs):
     with timeline.lock:
         history["volumes"][volume.id] = volume
         timeline.visible_at[volume.id] = timeline.after(timeline.lag)
-        timeline.available_at[volume.id] = timeline.after(timeline.create)
+        timeline.available_at[volume.id] = timeline.state_change(volume.id, "creating", timeline.create)
     return volume
 
 
@@ -344,7 +356,7 @@ def attach_volume(self, volume_id, instance_id, device_path, delete_on_terminati
     attachment = BACKEND["attach_volume"](self, volume_id, instance_id, device_path, delete_on_termination)
     attachment.status = "attaching"
     with timeline.lock:
-        timeline.attaching[volume_id] = (attachment, timeline.after(timeline.attach))
+        timeline.attaching[volume_id] = (attachment, timeline.state_change(volume_id, "attaching", timeline.attach))
         timeline.attachment_hidden[volume_id] = timeline.after(timeline.lag)
     return attachment
 
@@ -419,8 +431,10 @@ history = {"volumes": {}, "snapshots": {}, "deleted": {}, "calls": 0}
 
 
 def history_json():
-    """GET /_history: {"volumes": [{"id", "tags", "deleted", "attachment"}],
-    "snapshots": [{"id", "volume_id", "tags", "deleted"}], "calls": N}."""
+    """GET /_history: {"volumes": [{"id", "tags", "deleted", "attachment",
+    "state_seconds": {"creating", "attaching"}}], "snapshots": [{"id",
+    "volume_id", "tags", "deleted"}], "calls": N}; state_seconds, how long
+    the volume was `creating` and its last attachment `attaching`."""
     def tags(resource):
         return history["deleted"].get(resource.id) or resource_tags(resource)
 
@@ -431,6 +445,7 @@ def history_json():
                 "tags": tags(v),
                 "deleted": i in history["deleted"],
                 "attachment": v.attachment.instance.id if v.attachment else None,
+                "state_seconds": timeline.state_seconds.get(i, {}),
             }
             for i, v in history["volumes"].items()
         ]

@@ -18,6 +18,8 @@ use crate::loopdev::run;
 use crate::trace::ClientStamps;
 use crate::{Agent, Helper, LoopVolume, Sandbox};
 
+pub mod claims;
+
 /// How big and how often.
 #[derive(Clone, Copy, Debug)]
 pub struct Scale {
@@ -29,6 +31,8 @@ pub struct Scale {
     pub large_mib: u64,
     /// Volumes staged at once.
     pub concurrent: usize,
+    /// Claims taken to their pods through the real cluster (P9).
+    pub claims: usize,
 }
 
 impl Scale {
@@ -38,6 +42,7 @@ impl Scale {
         volume_mib: 1024,
         large_mib: 16_383 << 10,
         concurrent: 32,
+        claims: 20,
     };
     /// The smoke run inside `make test`: tiny sizes, one repetition.
     pub const SMOKE: Self = Self {
@@ -45,6 +50,7 @@ impl Scale {
         volume_mib: 320,
         large_mib: 1024,
         concurrent: 4,
+        claims: 1,
     };
 }
 

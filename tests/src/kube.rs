@@ -483,7 +483,14 @@ impl Driver {
     /// Installs the driver on `cluster` (registered with [`STARTUP_TAINT`])
     /// with the attach simulator; returns once helm has.
     pub fn install(cluster: &Cluster) -> Self {
-        let moto = Moto::start_on(NODE_IP, &["--detach", &DETACH_SECONDS.to_string()]);
+        Self::install_with(cluster, &[])
+    }
+
+    /// [`Driver::install`], EC2's serve.py given `ec2_args` (`--create`,
+    /// `--attach`, … seconds) besides `--detach` [`DETACH_SECONDS`].
+    pub fn install_with(cluster: &Cluster, ec2_args: &[&str]) -> Self {
+        let detach = DETACH_SECONDS.to_string();
+        let moto = Moto::start_on(NODE_IP, &[&["--detach", detach.as_str()][..], ec2_args].concat());
         let instance = moto.run_instance(REGION, ZONE);
         cluster.kubectl(&[
             "patch",

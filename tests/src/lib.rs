@@ -82,18 +82,7 @@ pub fn venv_program(name: &str) -> PathBuf {
 /// `target/<profile>/deps`, or the demo in `target/<profile>`; `make test`
 /// builds every binary first).
 pub fn binary(name: &str) -> PathBuf {
-    let dir = std::env::var_os("EBS_CSI_BINARIES").map_or_else(
-        || {
-            let exe = std::env::current_exe().expect("current exe");
-            let dir = exe.parent().expect("exe dir");
-            if dir.ends_with("deps") {
-                dir.parent().expect("target dir").to_owned()
-            } else {
-                dir.to_owned()
-            }
-        },
-        PathBuf::from,
-    );
+    let dir = std::env::var_os("EBS_CSI_BINARIES").map_or_else(profile_dir, PathBuf::from);
     let path = dir.join(name);
     assert!(
         path.exists(),
@@ -103,12 +92,22 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
-/// The Go program `name` of `make go-tools` (tests/go's, tests/grpc-go's),
-/// in `<target dir>/go/bin` (a test runs from `<target dir>/<profile>/deps`).
-pub fn go_tool(name: &str) -> PathBuf {
+/// `<target dir>/<profile>` of the running executable: a test runs in its
+/// `deps`, the demo and the benchmark in it.
+fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    let target = exe.ancestors().nth(3).expect("target dir");
-    let path = target.join("go/bin").join(name);
+    let dir = exe.parent().expect("exe dir");
+    if dir.ends_with("deps") {
+        dir.parent().expect("target dir").to_owned()
+    } else {
+        dir.to_owned()
+    }
+}
+
+/// The Go program `name` of `make go-tools` (tests/go's, tests/grpc-go's)
+/// or `make kube-tools`, in `<target dir>/go/bin`.
+pub fn go_tool(name: &str) -> PathBuf {
+    let path = profile_dir().parent().expect("target dir").join("go/bin").join(name);
     assert!(path.exists(), "{} is not built: run `make go-tools`", path.display());
     path
 }
@@ -237,7 +236,13 @@ impl Sandbox {
 /// The directory kubelet stages the CSI volume `volume_id` beneath: its
 /// SHA-256 in hex (`pkg/volume/csi/csi_attacher.go`, `MakeDeviceMountPath`).
 pub fn kubelet_staging_hash(volume_id: &str) -> String {
-    sha2::Sha256::digest(volume_id.as_bytes())
+    sha256_hex(volume_id)
+}
+
+/// The SHA-256 of `text` in lowercase hex, as kubelet names what it makes
+/// for a volume (Go's `%x` of `sha256.Sum256`).
+pub fn sha256_hex(text: &str) -> String {
+    sha2::Sha256::digest(text.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()

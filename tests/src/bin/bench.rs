@@ -21,7 +21,7 @@ use ebs_csi_tests::trace;
 use ebs_csi_tests::{LoopVolume, Sandbox, binary, link_ebs_device};
 
 /// Measures stage latency, large-volume formatting, device wait,
-/// footprint and concurrency, and writes `report.md` and `report.json`.
+/// footprint, concurrency and claims to pods, and writes `report.md` and `report.json`.
 #[derive(Debug, Parser)]
 struct Args {
     /// Tiny sizes and one repetition (the variant `make test` runs).
@@ -68,18 +68,20 @@ async fn main() -> anyhow::Result<()> {
     let mut rows = Vec::new();
     // A line per phase on stderr: a full run takes minutes.
     let phase = |name: &str| eprintln!("bench: {name}");
-    phase("1/5 stage latency");
+    phase("1/6 stage latency");
     let (stage_rows, breakdown) = stage_latency(scale).await;
     rows.extend(stage_rows);
     rows.extend(helper_checks(scale));
-    phase("2/5 large volumes");
+    phase("2/6 large volumes");
     rows.extend(large_volumes(scale).await);
-    phase("3/5 device wait");
+    phase("3/6 device wait");
     rows.extend(device_wait(scale).await);
-    phase("4/5 footprint");
+    phase("4/6 footprint");
     rows.extend(footprint(scale).await);
-    phase("5/5 concurrency");
+    phase("5/6 concurrency");
     rows.extend(concurrency(scale).await);
+    phase("6/6 claims to pods Running (a real cluster)");
+    rows.extend(tokio::task::spawn_blocking(move || bench::claims::claims_to_pods(scale)).await?);
     if let Some(text) = args.ec2_rows.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
         rows.extend(text.lines().filter_map(parse_ec2_row));
     }
