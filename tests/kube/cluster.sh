@@ -20,7 +20,11 @@
 # KUBE_BIN names the programs' directory; KUBELET_ROOT kubelet's root
 # directory (DIR/kubelet by default; a chart takes it as node.kubeletPath);
 # NODE_TAINTS the taints kubelet registers the node with (KEY=VALUE:EFFECT,
-# ..., as node groups give theirs). There is no cloud controller manager:
+# ..., as node groups give theirs); NODE_STATUS_UPDATE_FREQUENCY how often
+# kubelet looks at its Node's status (kubelet's default, 10s, unless given):
+# kubelet mounts a new volume only once its Node's status.volumesInUse
+# names it, so each new volume's pod waits for that tick (docs/performance.md,
+# P9). There is no cloud controller manager:
 # a test that needs the node's providerID and cloud labels sets them as the
 # AWS one would.
 #
@@ -172,6 +176,13 @@ imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 syncFrequency: 10s
 EOF
+    # Given, it is set with kubelet's default report frequency (5m: a
+    # status unchanged is not written more often), which an explicit
+    # update frequency would otherwise become too.
+    if [ -n "${NODE_STATUS_UPDATE_FREQUENCY:-}" ]; then
+        printf 'nodeStatusUpdateFrequency: %s\nnodeStatusReportFrequency: 5m\n' \
+            "$NODE_STATUS_UPDATE_FREQUENCY" >>"$dir/kubelet.yaml"
+    fi
 }
 
 up() {

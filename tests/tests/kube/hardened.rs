@@ -3,7 +3,7 @@
 //! upgraded to the overlay's values, gives the node pod no helper container
 //! and no privileged one: the agent reaches the host's helper through
 //! `/run/ebs-csi`, on nodes labelled `ebs.csi.aws.com/helper=installed`.
-//! A volume's life (`volumes.rs`) then runs through the host's helper.
+//! Every claims' scenario (`main.rs`) then runs through the host's helper.
 
 use std::path::Path;
 use std::process::Command;
@@ -37,10 +37,10 @@ fn start_host_helper(cluster: &Cluster) -> Process {
     spawn("host helper", command, cluster.dir().join("host-helper.log"), &socket)
 }
 
-/// Upgrades the chart to the `hardened` overlay with the host's helper,
-/// runs a volume's life through it in the namespace `hardened`, and
-/// stops it.
-pub fn the_hosts_helper_serves_a_volumes_life(cluster: &Cluster, driver: &Driver) {
+/// Starts the host's helper and upgrades the chart to the `hardened`
+/// overlay to use it; returns the helper once the node pod has no helper
+/// container, nothing privileged, and the driver is ready again.
+pub fn upgrade_to_the_overlay_with_the_hosts_helper(cluster: &Cluster, driver: &Driver) -> Process {
     let helper = start_host_helper(cluster);
     cluster.kubectl(&["label", "node", NODE_NAME, "ebs.csi.aws.com/helper=installed"]);
     let values = repository().join("deploy/kubernetes/overlays/hardened/values.yaml");
@@ -65,15 +65,21 @@ pub fn the_hosts_helper_serves_a_volumes_life(cluster: &Cluster, driver: &Driver
     );
     assert!(!privileged.contains("true"), "{privileged}");
     driver.wait_until_ready(cluster);
+    helper
+}
 
-    let ns = cluster.namespace("hardened");
-    let volume = volumes::a_dynamic_volume_keeps_its_data_across_pods_and_goes_with_its_claim(&ns, driver);
+/// Asserts that the host's `helper` served the volume `volume` and warned
+/// of nothing but the refusals the scenarios provoke
+/// ([`volumes::PROVOKED`]), and stops it.
+pub fn the_hosts_helper_served(helper: Process, volume: &str) {
     let log = helper.log();
-    assert!(log.contains(&volume), "the host's helper never saw {volume}:\n{log}");
-    assert!(
-        !log.lines().any(|l| l.contains(" WARN ") || l.contains(" ERROR ")),
-        "the host's helper warned:\n{log}"
-    );
+    assert!(log.contains(volume), "the host's helper never saw {volume}:\n{log}");
+    let warned: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .filter(|l| !volumes::PROVOKED.iter().any(|(text, _)| l.contains(text)))
+        .collect();
+    assert!(warned.is_empty(), "the host's helper warned:\n{}", warned.join("\n"));
     drop(helper);
     std::fs::remove_dir_all(SOCKET_DIR).unwrap();
 }

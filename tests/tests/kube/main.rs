@@ -12,8 +12,9 @@
 //! PersistentVolume, a VolumeAttachment, a CSI mount, a device) and the
 //! driver's logs are checked once all have ended. Last, the chart is
 //! upgraded to the `hardened` overlay with the helper on the host
-//! (`hardened.rs`), a volume's life runs again, the same checks follow,
-//! and the cluster, torn down, must leave nothing behind.
+//! (`hardened.rs`), the claims' scenarios, the volume's life and the
+//! refusals run again through it, the same checks follow, and the
+//! cluster, torn down, must leave nothing behind.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -36,44 +37,58 @@ use ebs_csi_tests::{mounts_under, require_root};
 fn the_driver_serves_a_real_cluster_and_leaves_nothing() {
     require_root();
     let before = cluster::outside_state();
-    let cluster = Cluster::up_with(&[("NODE_TAINTS", &chart::node_taints())], &driver_images());
+    // kubelet mounts a new volume only once its Node's status names it,
+    // looked at every 10 s by default: each new volume's pod waited for
+    // that tick (make bench's P9, which keeps the default, measures it).
+    let taints = chart::node_taints();
+    let settings = [("NODE_TAINTS", taints.as_str()), ("NODE_STATUS_UPDATE_FREQUENCY", "1s")];
+    let cluster = Cluster::up_with(&settings, &driver_images());
     let driver = Driver::install(&cluster);
     driver.wait_until_ready(&cluster);
     chart::installs_the_standard_overlay(&cluster, &driver);
     // Once the agent removed the startup taint, which no pod tolerates.
     cluster::runs_a_pod_that_reaches_its_api_server_and_pulls_nothing(&cluster);
 
-    std::thread::scope(|scope| {
-        let claims =
-            scope.spawn(|| claims::what_a_claim_asks_for_reaches_its_pod(&cluster.namespace("claims"), &driver));
-        let volumes = scope.spawn(|| {
-            volumes::a_dynamic_volume_keeps_its_data_across_pods_and_goes_with_its_claim(
-                &cluster.namespace("volumes"),
-                &driver,
-            );
-            volumes::refusals_reach_the_claims_and_pods_events_and_leave_nothing_in_ec2(
-                &cluster.namespace("refusals"),
-                &driver,
-            );
-        });
-        for scenario in [claims, volumes] {
-            if let Err(panic) = scenario.join() {
-                std::panic::resume_unwind(panic);
-            }
-        }
-    });
-
+    every_claims_scenario(&cluster, &driver, "");
     node_life::kubelet_restarted_keeps_a_mounted_volume(&cluster, &driver);
     node_life::the_node_pod_replaced_as_a_volume_attaches(&cluster, &driver);
     node_life::a_drain_keeps_the_node_pod_until_its_volume_detaches(&cluster, &driver);
     nothing_of_any_volume_is_left(&cluster, &driver);
     driver.assert_logs_are_clean(&cluster, &volumes::PROVOKED);
-    hardened::the_hosts_helper_serves_a_volumes_life(&cluster, &driver);
+    let helper = hardened::upgrade_to_the_overlay_with_the_hosts_helper(&cluster, &driver);
+    let volume = every_claims_scenario(&cluster, &driver, "-hardened");
+    hardened::the_hosts_helper_served(helper, &volume);
     nothing_of_any_volume_is_left(&cluster, &driver);
     driver.assert_logs_are_clean(&cluster, &volumes::PROVOKED);
     cluster.helm(&["uninstall", "ebs-csi", "--namespace", "kube-system", "--wait"]);
     drop(driver); // moto and the attach simulator, whose arguments name the cluster's directory
     cluster::goes_and_leaves_nothing(cluster, &before);
+}
+
+/// The claims' scenarios (`claims.rs`) beside the volume's life and the
+/// refusals (`volumes.rs`), each in a namespace of its own, named with
+/// `suffix`; returns the id of the volume whose life was followed.
+fn every_claims_scenario(cluster: &Cluster, driver: &Driver, suffix: &str) -> String {
+    std::thread::scope(|scope| {
+        let claims = scope.spawn(|| {
+            claims::what_a_claim_asks_for_reaches_its_pod(&cluster.namespace(&format!("claims{suffix}")), driver);
+        });
+        let volumes = scope.spawn(|| {
+            let volume = volumes::a_dynamic_volume_keeps_its_data_across_pods_and_goes_with_its_claim(
+                &cluster.namespace(&format!("volumes{suffix}")),
+                driver,
+            );
+            volumes::refusals_reach_the_claims_and_pods_events_and_leave_nothing_in_ec2(
+                &cluster.namespace(&format!("refusals{suffix}")),
+                driver,
+            );
+            volume
+        });
+        let claims = claims.join();
+        let volume = volumes.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        claims.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        volume
+    })
 }
 
 /// Once every claim is gone: no PersistentVolume or VolumeAttachment, no

@@ -268,6 +268,11 @@ fn a_volume_of_another_zone_is_refused_by_ec2_in_the_pods_events(ns: &Namespace<
         .nth(1)
         .and_then(|s| s.split('<').next())
         .unwrap_or_else(|| panic!("CreateVolume: {created}"));
+    // As its user would, once EC2 shows it available (serve.py, as EC2,
+    // leaves a new volume out of its answers for a while).
+    driver
+        .moto
+        .volume_once(REGION, volume_id, |xml| xml.contains("<status>available</status>"));
     let name = format!("elsewhere-{}", ns.name());
     ns.apply(&static_volume(&name, ns.name(), volume_id));
     ns.apply(&kube::pod("elsewhere", "true", &[(name.as_str(), "/data")], &json!({})));
