@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use ebs_csi_helper_proto::VolumeId;
+use ebs_csi_helper_client::volume_of_serial;
 use ebs_csi_linux::nvme;
 
 use crate::{discovery, stats};
@@ -32,7 +32,7 @@ pub struct VisibleVolume {
 pub fn list(sys_dir: &Path, dev_dir: &Path) -> Vec<VisibleVolume> {
     let mut volumes: Vec<VisibleVolume> = discovery::nvme_controllers(sys_dir)
         .filter_map(|controller| {
-            let volume_id = VolumeId::from_nvme_serial(&controller.serial)?;
+            let volume_id = volume_of_serial(&controller.serial)?;
             let device = controller.namespace.map(|n| dev_dir.join(n));
             let requested_device_name = std::fs::File::open(dev_dir.join(&controller.name))
                 .ok()

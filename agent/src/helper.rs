@@ -100,7 +100,7 @@ fn unexpected(expected: &'static str, reply: &Reply) -> NodeError {
 mod tests {
     use std::os::unix::net::UnixListener;
 
-    use ebs_csi_helper_proto::{RequestFrame, Response, VolumeId, read_frame, write_frame};
+    use ebs_csi_helper_proto::{RequestFrame, Response, VolumeId, decode, read_payload, write_frame};
     use tonic::Code;
 
     use super::*;
@@ -112,7 +112,7 @@ mod tests {
         let listener = UnixListener::bind(&socket).unwrap();
         std::thread::spawn(move || {
             let (mut stream, _) = listener.accept().unwrap();
-            let _: RequestFrame = read_frame(&mut stream).unwrap();
+            let _: RequestFrame = decode(&read_payload(&mut stream).unwrap()).unwrap();
             write_frame(&mut stream, &Response::Ok(reply)).unwrap();
         });
         (dir, Helper::new(socket, Duration::from_secs(5)))

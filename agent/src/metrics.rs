@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ebs_csi_helper_client::ClientError;
+use ebs_csi_helper_client::{ClientError, volume_of_serial};
 use ebs_csi_helper_proto::{HelperError, PerformanceStatisticsRequest, VolumeId};
 use ebs_csi_linux::mountinfo;
 use prometheus::proto::{Bucket, Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
@@ -121,8 +121,7 @@ impl NodeMetrics {
         };
         let mut volumes = Vec::new();
         for controller in discovery::nvme_controllers(&self.sys_dir) {
-            let (Some(volume_id), Some(namespace)) =
-                (VolumeId::from_nvme_serial(&controller.serial), controller.namespace)
+            let (Some(volume_id), Some(namespace)) = (volume_of_serial(&controller.serial), controller.namespace)
             else {
                 continue;
             };

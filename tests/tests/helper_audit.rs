@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 use ebs_csi_helper::device::Refusal;
 use ebs_csi_helper::error::{CROSSES_MOUNT, FOREIGN_MOUNT, NOT_A_MOUNT_POINT, NOT_ITS_SHAPE, OTHER_VOLUMES_HASH};
 use ebs_csi_helper::exec::Tool;
-use ebs_csi_helper_client::ClientError;
+use ebs_csi_helper_client::{ClientError, read_response};
 use ebs_csi_helper_proto::{
     ExpandRequest, FsType, HelperError, PROTOCOL_VERSION, Reply, Request, Response, UnpublishRequest, UnstageRequest,
-    VolumeId, read_frame, write_frame,
+    VolumeId, write_frame,
 };
 use ebs_csi_tests::children::exited;
 use ebs_csi_tests::exec_gate::{ExecGate, MKFS};
@@ -923,7 +923,7 @@ fn malformed_frames_and_control_characters_change_nothing() {
         let response = run_as(AGENT_UID, move || {
             let mut stream = UnixStream::connect(socket).unwrap();
             let _ = stream.write_all(&bytes);
-            read_frame::<_, Response>(&mut stream)
+            read_response(&mut stream)
         });
         assert!(
             matches!(response, Ok(Response::Err(HelperError::InvalidRequest(_)))),

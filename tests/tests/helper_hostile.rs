@@ -14,11 +14,10 @@ use std::time::{Duration, Instant};
 
 use ebs_csi_helper::device::Refusal;
 use ebs_csi_helper::error::NOT_ITS_SHAPE;
-use ebs_csi_helper_client::HelperClient;
+use ebs_csi_helper_client::{HelperClient, frame, read_response};
 use ebs_csi_helper_proto::{
     ExpandRequest, FsType, HelperError, MAX_FRAME_BYTES, OLDEST_VERSION, PROTOCOL_VERSION, PublishRequest,
-    PublishSource, Reply, Request, RequestFrame, Response, UnpublishRequest, UnstageRequest, VolumeId, read_frame,
-    write_frame,
+    PublishSource, Reply, Request, Response, UnpublishRequest, UnstageRequest, VolumeId, write_frame,
 };
 use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, ebs_csi_mounts, require_root, run_as, stage_request};
 
@@ -61,7 +60,7 @@ fn raw_exchange(socket: &Path, bytes: Vec<u8>, uid: u32) -> Option<Response> {
         stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
         let _ = stream.write_all(&bytes);
         let _ = stream.shutdown(std::net::Shutdown::Write);
-        read_frame::<_, Response>(&mut stream).ok()
+        read_response(&mut stream).ok()
     })
 }
 
@@ -299,7 +298,7 @@ fn two_hundred_hostile_requests_change_nothing() {
     let mut good = Vec::new();
     write_frame(
         &mut good,
-        &RequestFrame::new(Request::Unstage(UnstageRequest {
+        &frame(Request::Unstage(UnstageRequest {
             staging_path: format!("{root}/staging"),
         })),
     )
@@ -414,7 +413,7 @@ fn two_hundred_hostile_requests_change_nothing() {
 
     // Peers with other uids are disconnected before anything is read.
     for uid in [0, 1, 1000, 12345, 65533] {
-        let ping = RequestFrame::new(Request::Ping);
+        let ping = frame(Request::Ping);
         let mut bytes = Vec::new();
         write_frame(&mut bytes, &ping).unwrap();
         assert_eq!(raw_exchange(&helper.socket, bytes, uid), None, "uid {uid} was answered");

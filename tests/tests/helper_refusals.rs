@@ -10,10 +10,10 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use ebs_csi_helper_client::ClientError;
+use ebs_csi_helper_client::{ClientError, read_response};
 use ebs_csi_helper_proto::{
     FsType, HelperError, MAX_FRAME_BYTES, PROTOCOL_VERSION, PerformanceStatisticsRequest, PublishRequest,
-    PublishSource, Request, RequestFrame, Response, VolumeId, read_frame, write_frame,
+    PublishSource, Request, RequestFrame, Response, VolumeId, write_frame,
 };
 use ebs_csi_tests::loopdev::run;
 use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, mounts_under, require_root, run_as, stage_request};
@@ -246,7 +246,7 @@ fn refuses_unknown_peers_and_bad_frames() {
             let mut stream = UnixStream::connect(socket).unwrap();
             stream.write_all(&bytes).unwrap();
             stream.shutdown(std::net::Shutdown::Write).unwrap();
-            read_frame::<_, Response>(&mut stream).unwrap()
+            read_response(&mut stream).unwrap()
         })
     };
     let invalid = |response: Response| matches!(response, Response::Err(HelperError::InvalidRequest(_)));

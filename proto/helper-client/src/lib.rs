@@ -1,12 +1,20 @@
 //! A blocking client for the helper socket (the agent runs it on a
-//! blocking thread). A crate of its own, so that the privileged helper,
-//! which links `ebs-csi-helper-proto`, is not built from it.
+//! blocking thread), with what only the agent needs of the protocol: the
+//! version of a request, its frame, the answer read back, the volume of an
+//! NVMe serial. A crate of its own, so that the privileged helper, which
+//! links `ebs-csi-helper-proto`, is not built from it.
 
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ebs_csi_helper_proto::{FrameError, HelperError, Reply, Request, RequestFrame, Response, read_frame, write_frame};
+use ebs_csi_helper_proto::{FrameError, HelperError, Reply, Request, Response, write_frame};
+
+mod frame;
+mod nvme;
+
+pub use frame::{frame, read_response, version};
+pub use nvme::volume_of_serial;
 
 /// Why a call to the helper did not produce a reply.
 #[derive(Debug, thiserror::Error)]
@@ -62,8 +70,8 @@ impl HelperClient {
             .set_read_timeout(Some(self.timeout))
             .and_then(|()| stream.set_write_timeout(Some(self.timeout)))
             .map_err(connect_error)?;
-        write_frame(&mut stream, &RequestFrame::new(request))?;
-        match read_frame(&mut stream)? {
+        write_frame(&mut stream, &frame(request))?;
+        match read_response(&mut stream)? {
             Response::Ok(reply) => Ok(reply),
             Response::Err(error) => Err(ClientError::Helper(error)),
         }

@@ -29,7 +29,7 @@ pub struct FormatOptions {
     /// `ext4EncryptionSupport`: enable the encrypt feature, for fscrypt
     /// (ext4 only: `-O encrypt`). Added in protocol version 5, and sent only
     /// when set, so that older helpers refuse it rather than ignore it
-    /// ([`crate::Request::version`]).
+    /// (the agent's `ebs_csi_helper_client::version`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ext4_encryption: bool,
 }

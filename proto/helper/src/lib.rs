@@ -20,7 +20,7 @@ mod volume_id;
 
 pub use error::HelperError;
 pub use format_options::FormatOptions;
-pub use frame::{FrameError, MAX_FRAME_BYTES, decode, read_frame, read_payload, write_frame};
+pub use frame::{FrameError, MAX_FRAME_BYTES, decode, read_payload, write_frame};
 pub use message::{
     ExpandRequest, FrameVersion, FsType, OLDEST_VERSION, PROTOCOL_VERSION, PerformanceStatisticsRequest,
     PublishRequest, PublishSource, Reply, Request, RequestFrame, Response, StageRequest, UnpublishRequest,

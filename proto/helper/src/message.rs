@@ -14,7 +14,7 @@ use crate::{FormatOptions, HelperError, VolumeId};
 /// optional fields whose absence means what the older version did; it
 /// never changes the meaning of one that exists. A frame carries the
 /// version that introduced its request, or the newest field it uses
-/// ([`Request::version`]), and the helper serves
+/// (the agent's `ebs_csi_helper_client::version`), and the helper serves
 /// every frame from [`OLDEST_VERSION`] up to its own version. So the agent
 /// and the helper may be upgraded in either order — a node's DaemonSet and
 /// its host package never change at the same moment: an older agent's
@@ -34,21 +34,12 @@ pub const OLDEST_VERSION: u16 = 3;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RequestFrame {
-    /// [`Request::version`] of the request; the helper refuses anything
+    /// The version that introduced the request (the agent's
+    /// `ebs_csi_helper_client::version`); the helper refuses anything
     /// outside [`OLDEST_VERSION`]..=[`PROTOCOL_VERSION`].
     pub version: u16,
     /// The operation asked for.
     pub request: Request,
-}
-
-impl RequestFrame {
-    /// Wraps `request` in a frame of the version that introduced it.
-    pub fn new(request: Request) -> Self {
-        Self {
-            version: request.version(),
-            request,
-        }
-    }
 }
 
 /// The version field alone, read first so that a frame of a version the
@@ -80,26 +71,6 @@ pub enum Request {
     /// Read a volume's EBS performance statistics log page; changes
     /// nothing.
     PerformanceStatistics(PerformanceStatisticsRequest),
-}
-
-impl Request {
-    /// The protocol version that introduced this request, or the newest
-    /// field it uses (every request of version 3 has 3): a helper of that
-    /// version or newer serves it. Version 4 added PerformanceStatistics,
-    /// version 5 Stage's `ext4EncryptionSupport`.
-    pub fn version(&self) -> u16 {
-        match self {
-            Self::Stage(stage) if stage.format.ext4_encryption => 5,
-            Self::Ping
-            | Self::Stage(_)
-            | Self::Unstage(_)
-            | Self::Publish(_)
-            | Self::Unpublish(_)
-            | Self::Expand(_)
-            | Self::VolumeStats(_) => 3,
-            Self::PerformanceStatistics(_) => 4,
-        }
-    }
 }
 
 /// Filesystems the helper can create and mount.
@@ -383,59 +354,5 @@ mod tests {
                 "{value:?} decoded: {result:?}"
             );
         }
-    }
-
-    /// A frame carries the version that introduced its request: 3 for
-    /// every request a version-3 helper knows, so that it serves them.
-    #[test]
-    fn a_frame_carries_its_requests_version() {
-        let statistics = Request::PerformanceStatistics(PerformanceStatisticsRequest {
-            volume_id: VolumeId::parse("vol-0aaaaaaaaaaaaaaa1").unwrap(),
-            device: "/dev/nvme1n1".into(),
-        });
-        assert_eq!(RequestFrame::new(statistics).version, 4);
-        assert_eq!(RequestFrame::new(Request::Ping).version, OLDEST_VERSION);
-        let unstage = Request::Unstage(UnstageRequest {
-            staging_path: "/var/lib/kubelet/x".into(),
-        });
-        assert_eq!(RequestFrame::new(unstage).version, OLDEST_VERSION);
-        // A Stage is of version 3 unless it uses version 5's field, which is
-        // then on the wire (and absent otherwise, for version-3 helpers).
-        let mut stage = StageRequest {
-            volume_id: VolumeId::parse("vol-0aaaaaaaaaaaaaaa1").unwrap(),
-            device: "/dev/nvme1n1".into(),
-            staging_path: "/var/lib/kubelet/s".into(),
-            fs_type: FsType::Ext4,
-            mount_flags: vec![],
-            format: FormatOptions::default(),
-        };
-        let encoded = |stage: &StageRequest| {
-            let mut bytes = Vec::new();
-            ciborium::into_writer(&RequestFrame::new(Request::Stage(stage.clone())), &mut bytes).unwrap();
-            String::from_utf8_lossy(&bytes).contains("ext4_encryption")
-        };
-        assert_eq!(RequestFrame::new(Request::Stage(stage.clone())).version, OLDEST_VERSION);
-        assert!(!encoded(&stage));
-        stage.format.ext4_encryption = true;
-        assert_eq!(RequestFrame::new(Request::Stage(stage.clone())).version, 5);
-        assert!(encoded(&stage));
-    }
-
-    /// The fuzzer's seeds (`fuzz/seeds/request`) are well-formed frames,
-    /// one per request kind, each of its request's version, so fuzzing
-    /// starts from requests the helper accepts.
-    #[test]
-    fn the_fuzz_seeds_are_requests_the_helper_serves() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/request");
-        let mut kinds = Vec::new();
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let bytes = std::fs::read(entry.unwrap().path()).unwrap();
-            let frame: RequestFrame = crate::read_frame(&mut bytes.as_slice()).unwrap();
-            assert_eq!(frame.version, frame.request.version(), "{:?}", frame.request);
-            kinds.push(std::mem::discriminant(&frame.request));
-        }
-        kinds.sort_by_key(|k| format!("{k:?}"));
-        kinds.dedup();
-        assert_eq!(kinds.len(), 8, "a seed for each request kind");
     }
 }

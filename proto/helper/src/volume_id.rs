@@ -42,12 +42,6 @@ impl VolumeId {
     pub fn nvme_serial(&self) -> String {
         self.0.replacen('-', "", 1)
     }
-
-    /// The volume whose NVMe serial is `serial` (`vol0123456789abcdef0`);
-    /// `None` for any serial that is not an EBS volume's.
-    pub fn from_nvme_serial(serial: &str) -> Option<Self> {
-        Self::parse(&format!("vol-{}", serial.strip_prefix("vol")?)).ok()
-    }
 }
 
 impl TryFrom<String> for VolumeId {
@@ -80,10 +74,6 @@ mod tests {
         }
         let id = VolumeId::parse("vol-0123456789abcdef0").unwrap();
         assert_eq!(id.nvme_serial(), "vol0123456789abcdef0");
-        assert_eq!(VolumeId::from_nvme_serial("vol0123456789abcdef0"), Some(id));
-        for serial in ["AWS1234", "vol", "vol-0123456789abcdef0", "vol0123456789ABCDEF0"] {
-            assert_eq!(VolumeId::from_nvme_serial(serial), None, "{serial}");
-        }
     }
 
     #[test]
