@@ -2,8 +2,9 @@
 //! §5, §10) — state changes that take time, with spread; eventual
 //! consistency; ClientToken semantics with `IdempotentParameterMismatch`,
 //! attachment limits, Multi-Attach rules, refused device names, the
-//! modification cooldown and throttling (EC2's documented request token
-//! buckets, [`super::limits`]).
+//! modification rules (one at a time, four a day: [`Behaviour::optimize_delay`])
+//! and throttling (EC2's documented request token buckets,
+//! [`super::limits`]).
 //!
 //! Eventual consistency as the Amazon EC2 Developer Guide describes it
 //! ("Eventual consistency in the Amazon EC2 API"): a volume, snapshot or
@@ -40,6 +41,14 @@ pub struct Behaviour {
     pub attach_delay: Option<Duration>,
     /// `detaching` → gone after about this long.
     pub detach_delay: Duration,
+    /// A modification is `optimizing` for about this long, then
+    /// `completed`. EC2 API Reference, ModifyVolume: "you must wait for
+    /// that modification to reach the completed state before you can
+    /// initiate another modification for the same volume", and "up to four
+    /// times within a rolling 24-hour period"; the model refuses the one
+    /// with `IncorrectModificationState`, the other with
+    /// `VolumeModificationRateExceeded`, each with EC2's message.
+    pub optimize_delay: Duration,
     /// How long, about, a new resource stays out of Describe calls, and
     /// a changed one shows its earlier state there.
     pub visibility_lag: Duration,
@@ -82,6 +91,9 @@ impl Default for Behaviour {
             creations_fail: false,
             attach_delay: Some(Duration::from_millis(300)),
             detach_delay: Duration::from_millis(300),
+            // EC2 optimizes for minutes to hours (Amazon EBS User Guide,
+            // "Monitor the progress of volume modifications").
+            optimize_delay: Duration::from_secs(3600),
             visibility_lag: Duration::from_millis(200),
             seed: 1,
             volumes_impaired: false,
@@ -95,6 +107,13 @@ impl Default for Behaviour {
         }
     }
 }
+
+/// EC2's modifications per volume within a rolling window (EC2 API
+/// Reference, ModifyVolume: "up to four times within a rolling 24-hour
+/// period").
+const MODIFICATIONS_PER_WINDOW: usize = 4;
+/// See [`MODIFICATIONS_PER_WINDOW`].
+const MODIFICATION_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// A volume as EC2 keeps it, and when its Describe calls show what.
 struct Record {
@@ -132,8 +151,11 @@ struct State {
     instances: HashMap<String, Instance>,
     /// Snapshots, each visible from the moment given.
     snapshots: BTreeMap<String, (Snapshot, Instant)>,
-    /// Modifications, each visible from the moment given.
-    modifications: HashMap<String, (Modification, Instant)>,
+    /// Each volume's last modification, visible from the first moment
+    /// given, `completed` from the second.
+    modifications: HashMap<String, (Modification, Instant, Instant)>,
+    /// When each volume's modifications began, for EC2's four a day.
+    modified_at: HashMap<String, Vec<Instant>>,
     rng: fastrand::Rng,
     ebs_cards_asked: Vec<Option<i32>>,
     calls: HashMap<&'static str, usize>,
@@ -739,12 +761,31 @@ impl Ec2 for Model {
 
     async fn modify_volume(&self, volume_id: &str, input: ModifyVolumeInput) -> Result<(), Ec2Error> {
         let mut state = self.sdk_call("ModifyVolume").await?;
-        if state.modifications.contains_key(volume_id) {
+        let now = Instant::now();
+        if state
+            .modifications
+            .get(volume_id)
+            .is_some_and(|(_, _, completed_at)| now < *completed_at)
+        {
+            // The message as EC2 gives it (AWS Knowledge Center,
+            // "cloudformation-ebs-volume-error").
             return Err(Ec2Error::IncorrectState(format!(
-                "VolumeModificationRateExceeded: volume {volume_id} was modified in the last 6 hours"
+                "IncorrectModificationState: Volume {volume_id} cannot be modified in modification state OPTIMIZING"
             )));
         }
+        let began = state.modified_at.entry(volume_id.into()).or_default();
+        began.retain(|at| now.duration_since(*at) < MODIFICATION_WINDOW);
+        if began.len() >= MODIFICATIONS_PER_WINDOW {
+            // EC2's message, as users quote it (dev.to, "AWS EBS root
+            // volume resize: bypassing the 6-hour modification limit").
+            return Err(Ec2Error::IncorrectState(
+                "VolumeModificationRateExceeded: You've reached the maximum modification rate per volume limit. \
+                 Wait at least 6 hours between modifications per EBS volume."
+                    .to_owned(),
+            ));
+        }
         state.live(volume_id)?;
+        state.modified_at.entry(volume_id.into()).or_default().push(now);
         self.changing(&mut state, volume_id);
         let volume = &mut state.live(volume_id)?.volume;
         volume.size_gib = input.size_gib.unwrap_or(volume.size_gib);
@@ -757,7 +798,10 @@ impl Ec2 for Model {
             target_size_gib: Some(volume.size_gib),
         };
         let visible_at = state.after(self.behaviour.visibility_lag);
-        state.modifications.insert(volume_id.into(), (modification, visible_at));
+        let completed_at = state.after(self.behaviour.optimize_delay);
+        state
+            .modifications
+            .insert(volume_id.into(), (modification, visible_at, completed_at));
         Ok(())
     }
 
@@ -767,8 +811,15 @@ impl Ec2 for Model {
         Ok(ids
             .iter()
             .filter_map(|id| state.modifications.get(id))
-            .filter(|(_, visible_at)| now >= *visible_at)
-            .map(|(m, _)| m.clone())
+            .filter(|(_, visible_at, _)| now >= *visible_at)
+            .map(|(m, _, completed_at)| Modification {
+                state: if now < *completed_at {
+                    m.state
+                } else {
+                    ModificationState::Completed
+                },
+                ..m.clone()
+            })
             .collect())
     }
 

@@ -144,6 +144,7 @@ where
         "IdempotentParameterMismatch" => Ec2Error::IdempotentParameterMismatch(message),
         "IncorrectState"
         | "IncorrectInstanceState"
+        | "IncorrectModificationState"
         | "VolumeInUse"
         | "InvalidVolume.ZoneMismatch"
         | "VolumeModificationRateExceeded" => Ec2Error::IncorrectState(message),
@@ -851,6 +852,13 @@ mod tests {
             (
                 "VolumeInUse",
                 "vol-0123456789abcdef0 is already attached to an instance",
+                Code::FailedPrecondition,
+            ),
+            // A modification while the last one optimizes (AWS Knowledge
+            // Center, "cloudformation-ebs-volume-error").
+            (
+                "IncorrectModificationState",
+                "Volume vol-0123456789abcdef0 cannot be modified in modification state OPTIMIZING",
                 Code::FailedPrecondition,
             ),
             (

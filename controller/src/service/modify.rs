@@ -213,7 +213,8 @@ impl<E: Ec2> ControllerService<E> {
             },
         );
         // Tags first, as the Go driver: a ModifyVolume EC2 refuses (the
-        // six-hour cooldown) does not hold them back.
+        // last modification not completed, or four this day) does not hold
+        // them back.
         if !m.add_tags.is_empty() {
             self.ec2.create_tags(volume_id, m.add_tags).await?;
         }

@@ -613,8 +613,15 @@ async fn concurrent_calls_for_one_volume_are_aborted() {
 }
 
 #[tokio::test]
-async fn one_modification_per_window_and_the_cooldown_after_it() {
-    let (model, service) = controller(Behaviour::default());
+async fn one_modification_at_a_time_and_four_a_day() {
+    // Each call returns once its modification is seen: long before it
+    // has been optimized.
+    let optimize_delay = Duration::from_secs(1);
+    let (model, service) = controller(Behaviour {
+        optimize_delay,
+        visibility_lag: Duration::from_millis(10),
+        ..Behaviour::default()
+    });
     let service = Arc::new(service);
     let id = create(&service, "pvc-mod").await;
     let expand = |gib: i64| ControllerExpandVolumeRequest {
@@ -637,13 +644,18 @@ async fn one_modification_per_window_and_the_cooldown_after_it() {
     let volume = model.volume(&id).unwrap();
     assert_eq!((volume.size_gib, volume.iops), (20, Some(4000)));
     let err = service.expand(expand(30)).await.unwrap_err();
+    let message = err.to_string();
     assert_eq!(
         code(err),
         Code::FailedPrecondition,
-        "EC2 allows one modification per six hours"
+        "EC2 modifies a volume once its last modification has completed"
+    );
+    assert!(
+        message.contains("cannot be modified in modification state OPTIMIZING"),
+        "{message}"
     );
     // A class's tags are applied before its ModifyVolume, as the Go
-    // driver's: the cooldown refuses the IOPS, not the tags.
+    // driver's: EC2's refusal holds back the IOPS, not the tags.
     let retier = ControllerModifyVolumeRequest {
         volume_id: id.clone(),
         mutable_parameters: HashMap::from([
@@ -659,6 +671,21 @@ async fn one_modification_per_window_and_the_cooldown_after_it() {
     let volume = model.volume(&id).unwrap();
     assert_eq!(volume.iops, Some(4000));
     assert_eq!(volume.tags.get("tier").map(String::as_str), Some("gold"));
+    // Three more that day, each once the last has completed; EC2 refuses
+    // the fifth.
+    for gib in [30, 40, 50] {
+        tokio::time::sleep(optimize_delay * 3 / 2).await;
+        service.expand(expand(gib)).await.unwrap();
+    }
+    tokio::time::sleep(optimize_delay * 3 / 2).await;
+    let err = service.expand(expand(60)).await.unwrap_err();
+    let message = err.to_string();
+    assert_eq!(code(err), Code::FailedPrecondition);
+    assert!(message.contains("maximum modification rate per volume"), "{message}");
+    // Four taken (the first for a resize and a class change at once),
+    // three refused.
+    assert_eq!(model.calls("ModifyVolume"), 7);
+    assert_eq!(model.volume(&id).unwrap().size_gib, 50);
 }
 
 #[tokio::test]
