@@ -106,6 +106,11 @@ struct Args {
     /// the Go driver's flag; default: of every EBS volume).
     #[arg(long, value_parser = |p: &str| Ok::<_, String>(MountPointPrefix::new(p)))]
     csi_mount_point_prefix: Option<MountPointPrefix>,
+    /// Format XFS for nodes whose kernel is 5.4 or older, as the Go
+    /// driver's flag (`--legacy-xfs` or `--legacy-xfs=true`): without the
+    /// features such kernels cannot mount (bigtime, inobtcount, reflink).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    legacy_xfs: bool,
     /// klog's and other flags of the Go driver's manifests, ignored.
     #[command(flatten)]
     go_driver: GoDriverFlags,
@@ -275,7 +280,7 @@ async fn serve(args: Args, node: Node) -> anyhow::Result<()> {
     }
     let finder = DeviceFinder::new(args.dev_dir, args.sys_dir, !args.device_poll_only);
     let wait = Duration::from_secs(args.device_wait_seconds);
-    let node = NodeService::new(helper.clone(), finder, metadata, limit, wait);
+    let node = NodeService::new(helper.clone(), finder, metadata, limit, wait, args.legacy_xfs);
     let (info_answered, helper_answers) = (node.info_answered(), helper.clone());
     taint::remove_when_ready(args.service_account_dir, async move {
         info_answered.await;

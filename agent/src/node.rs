@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use ebs_csi_helper_proto::{
-    ExpandRequest, PublishRequest, PublishSource, Request as HelperRequest, StageRequest, UnpublishRequest,
-    UnstageRequest, VolumeId,
+    ExpandRequest, FormatOptions, FsType, PublishRequest, PublishSource, Request as HelperRequest, StageRequest,
+    UnpublishRequest, UnstageRequest, VolumeId,
 };
 use ebs_csi_proto::inflight::{InFlight, InFlightGuard};
 use ebs_csi_proto::observed::observed;
@@ -49,6 +49,8 @@ pub struct NodeService {
     /// The network interfaces IMDS listed last (see [`NodeService::info`]).
     network_interfaces: AtomicU32,
     device_wait: Duration,
+    /// `--legacy-xfs`: XFS is formatted for kernels 5.4 and older.
+    legacy_xfs: bool,
     /// Becomes true once NodeGetInfo has been answered (kubelet registers
     /// a plugin with it).
     info_answered: tokio::sync::watch::Sender<bool>,
@@ -56,14 +58,16 @@ pub struct NodeService {
 
 impl NodeService {
     /// A Node service for the node described by `metadata`, computing its
-    /// attachment limit with `limit` on each NodeGetInfo and waiting up to
-    /// `device_wait` for a volume's device to appear.
+    /// attachment limit with `limit` on each NodeGetInfo, waiting up to
+    /// `device_wait` for a volume's device to appear, and formatting XFS
+    /// for old kernels with `legacy_xfs`.
     pub fn new(
         helper: Helper,
         finder: DeviceFinder,
         metadata: NodeMetadata,
         limit: LimitSettings,
         device_wait: Duration,
+        legacy_xfs: bool,
     ) -> Self {
         Self {
             helper,
@@ -73,6 +77,7 @@ impl NodeService {
             metadata,
             limit,
             device_wait,
+            legacy_xfs,
             info_answered: tokio::sync::watch::Sender::new(false),
         }
     }
@@ -104,7 +109,10 @@ impl NodeService {
             // Block volumes are published straight from the device.
             return Ok(NodeStageVolumeResponse {});
         };
-        let format = request::format_options(&r.volume_context)?;
+        let format = FormatOptions {
+            xfs_legacy: self.legacy_xfs && fs_type == FsType::Xfs,
+            ..request::format_options(&r.volume_context)?
+        };
         let device_path = device_path(&r.publish_context);
         let asked = (
             "NodeStageVolume",

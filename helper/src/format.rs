@@ -236,6 +236,9 @@ pub fn mkfs_command(fs: FsType, options: &FormatOptions) -> (Tool, Vec<String>) 
             if let Some(size) = options.inode_size {
                 args.extend(["-i".into(), format!("size={size}")]);
             }
+            if options.xfs_legacy {
+                args.extend(["-m", "bigtime=0,inobtcount=0,reflink=0"].map(String::from));
+            }
             Tool::MkfsXfs
         }
         ext => {
@@ -332,6 +335,7 @@ mod tests {
             ext4_bigalloc: true,
             ext4_cluster_size: Some(65536),
             ext4_encryption: true,
+            xfs_legacy: false,
         };
         let (tool, args) = mkfs_command(FsType::Ext4, &options);
         assert_eq!(tool, Tool::MkfsExt4);
@@ -347,6 +351,16 @@ mod tests {
         let (tool, args) = mkfs_command(FsType::Xfs, &xfs);
         assert_eq!(tool, Tool::MkfsXfs);
         assert_eq!(args.join(" "), "-q -K -b size=4096 -i size=512 -- /proc/self/fd/3");
+        // The node's --legacy-xfs, as the Go driver formats with it.
+        let legacy = FormatOptions {
+            xfs_legacy: true,
+            ..FormatOptions::default()
+        };
+        let (_, args) = mkfs_command(FsType::Xfs, &legacy);
+        assert_eq!(
+            args.join(" "),
+            "-q -K -m bigtime=0,inobtcount=0,reflink=0 -- /proc/self/fd/3"
+        );
     }
 
     fn blkid_output(code: i32, stdout: &str, stderr: &str) -> Output {

@@ -10,7 +10,9 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use ebs_csi_helper_client::ClientError;
-use ebs_csi_helper_proto::{FsType, HelperError, PublishRequest, PublishSource, Reply, Request, VolumeId};
+use ebs_csi_helper_proto::{
+    FsType, HelperError, PublishRequest, PublishSource, Reply, Request, UnstageRequest, VolumeId,
+};
 use ebs_csi_tests::children::descendants_named;
 use ebs_csi_tests::exec_gate::{ExecGate, MKFS};
 use ebs_csi_tests::{Helper, LoopVolume, Sandbox, is_mounted, require_root, stage_request};
@@ -161,4 +163,34 @@ fn a_device_being_formatted_is_refused_until_its_format_ends() {
             .exists(),
         "the refused publish created its target"
     );
+}
+
+/// The node's `--legacy-xfs` (the Go driver's): XFS for kernels 5.4 and
+/// older, without the features they cannot mount, which this machine's
+/// mkfs.xfs (xfsprogs 6.1) turns on by default — both read back from the
+/// superblocks the real tool wrote (`xfs_db -c version`).
+#[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
+fn legacy_xfs_has_none_of_the_features_old_kernels_cannot_mount() {
+    require_root();
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let features = |legacy: bool, n: u32| {
+        let volume = LoopVolume::create(sandbox.path(), &volume_id(n), 320);
+        let mut request = stage(&sandbox, &volume, FsType::Xfs);
+        if let Request::Stage(stage) = &mut request {
+            stage.format.xfs_legacy = legacy;
+        }
+        assert_eq!(helper.call(request).unwrap(), Reply::Done);
+        let staging = sandbox.staging(&volume.volume_id).to_string_lossy().into_owned();
+        let unstage = Request::Unstage(UnstageRequest { staging_path: staging });
+        assert_eq!(helper.call(unstage).unwrap(), Reply::Done);
+        ebs_csi_tests::loopdev::run("xfs_db", &["-r", "-c", "version", &volume.device.to_string_lossy()])
+    };
+    let new = ["BIGTIME", "INOBTCNT", "REFLINK"];
+    let default = features(false, 11);
+    assert!(new.iter().all(|f| default.contains(f)), "{default}");
+    let legacy = features(true, 12);
+    assert!(new.iter().all(|f| !legacy.contains(f)), "{legacy}");
+    assert!(legacy.contains("V5,"), "{legacy}");
 }

@@ -89,25 +89,29 @@ fn this_agent_is_served_by_the_previous_helper() {
         matches!(refused, ClientError::Helper(HelperError::UnsupportedVersion(4))),
         "{refused:?}"
     );
-    // A field added since (ext4EncryptionSupport, version 5): refused, not
-    // ignored — the volume is not formatted without the feature asked for.
+    // Fields added since (ext4EncryptionSupport, version 5; the node's
+    // --legacy-xfs, version 6): refused, not ignored — the volume is not
+    // formatted without what was asked for.
     let blank = LoopVolume::create(sandbox.path(), "vol-0aaaaaaaaaaaaaaa2", 64);
-    let mut encrypted = stage_request(
-        "vol-0aaaaaaaaaaaaaaa2",
-        &blank.device,
-        &sandbox.staging("vol-0bbbbbbbbbbbbbbb2"),
-        FsType::Ext4,
-        &[],
-    );
-    if let Request::Stage(stage) = &mut encrypted {
-        stage.format.ext4_encryption = true;
+    for (fs_type, version) in [(FsType::Ext4, 5), (FsType::Xfs, 6)] {
+        let mut asked = stage_request(
+            "vol-0aaaaaaaaaaaaaaa2",
+            &blank.device,
+            &sandbox.staging("vol-0bbbbbbbbbbbbbbb2"),
+            fs_type,
+            &[],
+        );
+        if let Request::Stage(stage) = &mut asked {
+            stage.format.ext4_encryption = fs_type == FsType::Ext4;
+            stage.format.xfs_legacy = fs_type == FsType::Xfs;
+        }
+        let refused = helper.call(asked).unwrap_err();
+        assert!(
+            matches!(refused, ClientError::Helper(HelperError::UnsupportedVersion(v)) if v == version),
+            "{refused:?}"
+        );
+        assert_eq!(blank.signature(), "");
     }
-    let refused = helper.call(encrypted).unwrap_err();
-    assert!(
-        matches!(refused, ClientError::Helper(HelperError::UnsupportedVersion(5))),
-        "{refused:?}"
-    );
-    assert_eq!(blank.signature(), "");
 
     let unpublish = Request::Unpublish(UnpublishRequest {
         target_path: path(&target),

@@ -917,6 +917,37 @@ async fn stage_honours_format_options_and_refuses_another_device_at_the_path() {
     node.unstage(first).await.unwrap();
 }
 
+/// The Go driver's `--legacy-xfs=true`, as its chart passes it: the agent
+/// starts, and formats XFS without the features kernels up to 5.4 cannot
+/// mount (read back from the superblock mkfs.xfs wrote).
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
+async fn legacy_xfs_formats_xfs_that_old_kernels_mount() {
+    require_root();
+    let volume_id = "vol-0aaaaaaaaaaaaaac2";
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let staging = sandbox.staging(volume_id);
+    let target = sandbox.target("pod-1", "pv-1", volume_id);
+    let args = [
+        &Agent::NODE_FLAGS[..],
+        &["--device-wait-seconds", "10", "--legacy-xfs=true"],
+    ]
+    .concat();
+    let agent = Agent::spawn(&sandbox, &helper, &args, &[]);
+    let mut node = Node::with_paths(sandbox, helper, agent, staging, target).await;
+    let volume = node.volume(volume_id, 320);
+    node.stage(volume_id, mount("xfs", Mode::SingleNodeWriter))
+        .await
+        .unwrap();
+    node.unstage(volume_id).await.unwrap();
+    let features = ebs_csi_tests::loopdev::run("xfs_db", &["-r", "-c", "version", &path(&volume.device)]);
+    assert!(features.contains("V5,"), "{features}");
+    for feature in ["BIGTIME", "INOBTCNT", "REFLINK"] {
+        assert!(!features.contains(feature), "{features}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
 async fn probe_reports_not_ready_without_the_helper() {

@@ -139,6 +139,9 @@ spec:
             {{- with $n.metadataSources }}
             - --metadata-sources={{ . }}
             {{- end }}
+            {{- if $n.legacyXFS }}
+            - --legacy-xfs=true
+            {{- end }}
             {{- if $n.enableMetrics }}
             - --http-endpoint=0.0.0.0:3302
             {{- end }}

@@ -134,6 +134,8 @@ mod tests {
             ext4_bigalloc: true,
             ext4_cluster_size: Some(65536),
             ext4_encryption: true,
+            // The node's --legacy-xfs, never in a volume's context.
+            xfs_legacy: false,
         };
         all.validate(FsType::Ext4).unwrap();
         assert_eq!(to_context(&all).len(), KEYS.len());

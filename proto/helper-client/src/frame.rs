@@ -9,9 +9,11 @@ use ebs_csi_helper_proto::{FrameError, Request, RequestFrame, Response, decode, 
 /// The protocol version that introduced `request`, or the newest field it
 /// uses (every request of version 3 has 3): a helper of that version or
 /// newer serves it. Version 4 added PerformanceStatistics, version 5
-/// Stage's `ext4EncryptionSupport` (`ebs_csi_helper_proto::PROTOCOL_VERSION`).
+/// Stage's `ext4EncryptionSupport`, version 6 its `--legacy-xfs`
+/// (`ebs_csi_helper_proto::PROTOCOL_VERSION`).
 pub fn version(request: &Request) -> u16 {
     match request {
+        Request::Stage(stage) if stage.format.xfs_legacy => 6,
         Request::Stage(stage) if stage.format.ext4_encryption => 5,
         Request::Ping
         | Request::Stage(_)
@@ -84,6 +86,16 @@ mod tests {
         stage.format.ext4_encryption = true;
         assert_eq!(frame(Request::Stage(stage.clone())).version, 5);
         assert!(encoded(&stage));
+        // An XFS stage with the node's `--legacy-xfs` is of version 6.
+        let xfs = StageRequest {
+            fs_type: FsType::Xfs,
+            format: FormatOptions {
+                xfs_legacy: true,
+                ..FormatOptions::default()
+            },
+            ..stage
+        };
+        assert_eq!(frame(Request::Stage(xfs)).version, 6);
     }
 
     /// The fuzzer's seeds (`fuzz/seeds/request`) are well-formed frames,

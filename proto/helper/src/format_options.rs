@@ -32,6 +32,13 @@ pub struct FormatOptions {
     /// (the agent's `ebs_csi_helper_client::version`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ext4_encryption: bool,
+    /// The node's `--legacy-xfs` (the Go driver's, for nodes whose kernel
+    /// is 5.4 or older): XFS without the features those kernels cannot
+    /// mount, `mkfs.xfs -m bigtime=0,inobtcount=0,reflink=0` as the Go
+    /// driver formats it (`pkg/driver/node.go`). XFS only; added in protocol
+    /// version 6 and sent only when set, as `ext4_encryption`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub xfs_legacy: bool,
 }
 
 impl FormatOptions {
@@ -81,6 +88,7 @@ impl FormatOptions {
         only("numberOfInodes", self.number_of_inodes.is_some(), ext)?;
         only("ext4BigAlloc", self.ext4_bigalloc, fs == FsType::Ext4)?;
         only("ext4EncryptionSupport", self.ext4_encryption, fs == FsType::Ext4)?;
+        only("--legacy-xfs", self.xfs_legacy, fs == FsType::Xfs)?;
         only(
             "ext4ClusterSize",
             self.ext4_cluster_size.is_some(),

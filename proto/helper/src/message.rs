@@ -24,7 +24,7 @@ use crate::{FormatOptions, HelperError, VolumeId};
 /// An error added for an existing request
 /// ([`HelperError::MountLimit`]) reaches an older agent as an answer it
 /// cannot decode (`docs/helper.md`, "Protocol versions").
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// The oldest frame version the helper serves: version 3, the first under
 /// the rule above (helpers of version 3 accept frames of exactly 3).
