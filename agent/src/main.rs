@@ -19,7 +19,7 @@ mod stats;
 mod taint;
 
 use ebs_csi_proto::endpoint::LoggingFormat;
-use ebs_csi_proto::go_flags::GoDriverFlags;
+use ebs_csi_proto::go_flags::{self, GoDriverFlags};
 use ebs_csi_proto::metrics_http::{self, MetricsFlags};
 use ebs_csi_proto::version::VersionFlag;
 use std::path::PathBuf;
@@ -109,7 +109,7 @@ struct Args {
     /// Format XFS for nodes whose kernel is 5.4 or older, as the Go
     /// driver's flag (`--legacy-xfs` or `--legacy-xfs=true`): without the
     /// features such kernels cannot mount (bigtime, inobtcount, reflink).
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set)]
     legacy_xfs: bool,
     /// klog's and other flags of the Go driver's manifests, ignored.
     #[command(flatten)]
@@ -139,7 +139,9 @@ enum Command {
     /// or tainted by a drain, Cluster Autoscaler or Karpenter) or its Node
     /// is gone, wait until no VolumeAttachment of this driver names it.
     /// Uses CSI_NODE_NAME and the in-cluster configuration; without
-    /// KUBERNETES_SERVICE_HOST there is nothing to wait for.
+    /// KUBERNETES_SERVICE_HOST there is nothing to wait for. Also under the
+    /// Go driver's name, `pre-stop-hook`.
+    #[command(alias = "pre-stop-hook")]
     PreStop {
         /// Give up after this many seconds (exit 1, naming the attachments
         /// left); by default the pod's grace period or systemd's
@@ -163,7 +165,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let args = Args::parse_from(go_flags::without_mode(std::env::args_os(), "node"));
     args.version.answer_if_asked();
     ebs_csi_proto::endpoint::init_logging(args.logging_format, args.v, &[]);
     args.go_driver.warn();

@@ -13,7 +13,7 @@ mod template;
 mod volume_type;
 
 use ebs_csi_proto::endpoint::LoggingFormat;
-use ebs_csi_proto::go_flags::GoDriverFlags;
+use ebs_csi_proto::go_flags::{self, GoDriverFlags};
 use ebs_csi_proto::metrics_http::{self, MetricsFlags};
 use ebs_csi_proto::version::VersionFlag;
 use std::sync::Arc;
@@ -65,8 +65,9 @@ struct Args {
     /// Cluster id: tags resources kubernetes.io/cluster/<id>=owned.
     #[arg(long)]
     k8s_tag_cluster_id: Option<String>,
-    /// Merge concurrent Describe calls into one call per 500 ms window.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    /// Merge concurrent Describe calls into one call per 500 ms window
+    /// (`--batching=false` to not; Go's spellings, as every boolean here).
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set)]
     batching: bool,
     /// EC2 request limits raised for this account above EC2's defaults, as
     /// Action=CAPACITY/REFILL pairs (tokens, tokens per second), e.g.
@@ -88,8 +89,9 @@ struct Args {
     /// up to 3 info, 4–5 debug, more trace (`RUST_LOG` overrides it).
     #[arg(short = 'v', long = "v", default_value_t = 2)]
     v: u8,
-    /// Log the AWS SDK's requests and retries at debug level too.
-    #[arg(long)]
+    /// Log the AWS SDK's requests and retries at debug level too
+    /// (`--aws-sdk-debug-log` or `=true`, as the Go driver's chart passes it).
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set)]
     aws_sdk_debug_log: bool,
     #[command(flatten)]
     metrics: MetricsFlags,
@@ -118,7 +120,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let args = Args::parse_from(go_flags::without_mode(std::env::args_os(), "controller"));
     args.version.answer_if_asked();
     let sdk_debug: &[&str] = if args.aws_sdk_debug_log {
         &["aws_smithy_runtime=debug", "aws_sdk_ec2=debug", "aws_config=debug"]

@@ -29,6 +29,12 @@ pub const NODE_NAME: &str = "ebs-csi-node";
 /// on it, port 6443 (`cluster.sh`'s `NODE_IP`).
 pub const NODE_IP: &str = "10.231.0.1";
 
+/// Where the cluster keeps what it cannot keep in its own directory
+/// (`cluster.sh`'s `OUTSIDE`): containerd pins each pod sandbox's network
+/// namespace at `/run/netns/cni-<uuid>` and mounts its shm beneath
+/// `/run/containerd`, as its pods come and go beside other tests.
+pub const OUTSIDE: [&str; 4] = ["/run/containerd", "/var/lib/cni", "/var/log/containers", "/run/netns"];
+
 /// The CNI bridge `cluster.sh` names.
 pub const BRIDGE: &str = "ebs-cni0";
 

@@ -359,6 +359,13 @@ pub fn ebs_csi_mounts() -> Vec<String> {
         .collect()
 }
 
+/// Whether the mount point `mount_point` is the host's own: outside every
+/// test sandbox and the directories the real cluster keeps outside its own
+/// ([`kube::OUTSIDE`]), whose mounts change as tests run beside them.
+pub fn is_the_hosts(mount_point: &str) -> bool {
+    !mount_point.starts_with("/tmp/ebs-csi-test-") && !kube::OUTSIDE.iter().any(|dir| mount_point.starts_with(dir))
+}
+
 /// Mount points at or beneath `root` (tests run in parallel, so each looks
 /// only at its own sandbox).
 pub fn mounts_under(root: &Path) -> Vec<String> {

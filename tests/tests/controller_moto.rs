@@ -944,7 +944,7 @@ async fn describe_calls(batching: &str, count: usize) -> usize {
         client,
         controller: _controller,
         _sandbox,
-    } = setup(&["--batching", batching]).await;
+    } = setup(&[&format!("--batching={batching}")]).await;
     let nodes = [moto.run_instance(REGION, ZONE), moto.run_instance(REGION, ZONE)];
     moto.start_recording();
     let tasks: Vec<_> = (0..count)

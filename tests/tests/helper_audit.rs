@@ -25,8 +25,8 @@ use ebs_csi_tests::children::exited;
 use ebs_csi_tests::exec_gate::{ExecGate, MKFS};
 use ebs_csi_tests::loopdev::run;
 use ebs_csi_tests::{
-    AGENT_UID, Helper, LoopVolume, SLAVE_NAMESPACE, Sandbox, binary, ebs_csi_mounts, is_mounted, mounts_under,
-    publish_device, publish_staged, require_root, run_as, spawn, stage_request, wait_until,
+    AGENT_UID, Helper, LoopVolume, SLAVE_NAMESPACE, Sandbox, binary, ebs_csi_mounts, is_mounted, is_the_hosts,
+    mounts_under, publish_device, publish_staged, require_root, run_as, spawn, stage_request, wait_until,
 };
 use rustix::process::{Pid, Signal, kill_process};
 
@@ -80,10 +80,10 @@ fn pid1_mounts() -> Vec<String> {
         .collect()
 }
 
-/// PID 1's mount points outside every test sandbox.
+/// PID 1's mount points that are the host's ([`is_the_hosts`]).
 fn host_mounts() -> Vec<String> {
     let mut mounts = pid1_mounts();
-    mounts.retain(|m| !m.starts_with("/tmp/ebs-csi-test-"));
+    mounts.retain(|m| is_the_hosts(m));
     mounts
 }
 

@@ -19,20 +19,16 @@ use ebs_csi_helper_proto::{
     ExpandRequest, FsType, HelperError, MAX_FRAME_BYTES, OLDEST_VERSION, PROTOCOL_VERSION, PublishRequest,
     PublishSource, Reply, Request, Response, UnpublishRequest, UnstageRequest, VolumeId, write_frame,
 };
-use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, ebs_csi_mounts, require_root, run_as, stage_request};
+use ebs_csi_tests::{
+    AGENT_UID, Helper, LoopVolume, Sandbox, ebs_csi_mounts, is_the_hosts, require_root, run_as, stage_request,
+};
 
 const VOLUME: &str = "vol-0aaaaaaaaaaaaaaa1";
 
-/// Mount points outside every test sandbox: what a hostile request must
-/// never change. Tests running in parallel mount inside their own sandbox,
-/// but for the real cluster's network namespaces (`kube_*.rs`): containerd
-/// pins each pod sandbox's at `/run/netns/cni-<uuid>`, a fixed directory,
-/// as its pods come and go.
+/// The host's mount points ([`is_the_hosts`]): what a hostile request
+/// must never change.
 fn host_mounts() -> BTreeSet<String> {
-    ebs_csi_mounts()
-        .into_iter()
-        .filter(|m| !m.starts_with("/tmp/ebs-csi-test-") && !m.starts_with("/run/netns/cni-"))
-        .collect()
+    ebs_csi_mounts().into_iter().filter(|m| is_the_hosts(m)).collect()
 }
 
 fn volume_id() -> VolumeId {

@@ -1,7 +1,8 @@
 //! `--version` of the agent and the controller, the flag the Go driver's
 //! images answer (`pkg/driver/version.go`): the JSON of `VersionInfo`, in
 //! its keys' order and indentation (`ebs_csi_proto::version`'s unit test
-//! holds the shape), printed before anything starts, exit status 0.
+//! holds the shape), printed before anything starts, exit status 0; and
+//! the Go chart's arguments, which both binaries take.
 
 use std::process::Command;
 
@@ -22,5 +23,57 @@ fn both_binaries_answer_version_as_the_go_driver_does() {
             format!("v{}", env!("CARGO_PKG_VERSION")),
             "{name}"
         );
+    }
+}
+
+/// The arguments the Go driver's chart gives its one binary, every value
+/// set (`charts/aws-ebs-csi-driver/templates/_node.tpl` and
+/// `controller.yaml` at v1.64.0), its mode first: each binary here takes
+/// its mode's — `--version` answers once the whole line has parsed — and
+/// refuses the other's mode.
+#[test]
+fn both_binaries_take_the_go_charts_arguments() {
+    let node = [
+        "node",
+        "--endpoint=unix:/csi/csi.sock",
+        "--reserved-volume-attachments=2",
+        "--http-endpoint=0.0.0.0:3302",
+        "--csi-mount-point-prefix=/var/lib/kubelet/plugins/kubernetes.io/csi/ebs.csi.aws.com/",
+        "--volume-attach-limit=25",
+        "--metadata-sources=imds,kubernetes",
+        "--legacy-xfs=true",
+        "--logging-format=text",
+        "--v=2",
+        "--enable-otel-tracing=true",
+    ];
+    let controller = [
+        "controller",
+        "--endpoint=unix:///var/lib/csi/sockets/pluginproxy/csi.sock",
+        "--extra-tags=team=storage",
+        "--k8s-tag-cluster-id=prod",
+        "--aws-sdk-debug-log=true",
+        "--warn-on-invalid-tag=true",
+        "--http-endpoint=0.0.0.0:3301",
+        "--batching=true",
+        "--user-agent-extra=helm",
+        "--logging-format=json",
+        "--v=2",
+        "--enable-otel-tracing=true",
+    ];
+    for (name, args, other) in [
+        ("ebs-csi-agent", &node[..], "controller"),
+        ("ebs-csi-controller", &controller[..], "node"),
+    ] {
+        let output = Command::new(binary(name))
+            .args(args)
+            .arg("--version")
+            .output()
+            .expect(name);
+        assert!(output.status.success(), "{name} {args:?}: {output:?}");
+        let refused = Command::new(binary(name))
+            .args([other, "--version"])
+            .output()
+            .expect(name);
+        assert!(!refused.status.success(), "{name} took the mode {other}: {refused:?}");
     }
 }

@@ -6,6 +6,8 @@
 //! manifests: each is accepted, hidden from `--help`, and named in a warning
 //! at start with why it has no effect here, never a start-up failure.
 
+use std::ffi::OsString;
+
 use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
 
 /// One ignored flag: its name, the other spelling Go's flag parsing
@@ -77,6 +79,20 @@ const IGNORED: &[Ignored] = &[
         "OpenTelemetry tracing is not built in: no spans are exported",
     ),
 ];
+
+/// The command line `args` (the program's name first) without the Go
+/// driver's mode argument `mode` where it comes first: its Deployment
+/// passes `controller` and its DaemonSet `node` before their flags
+/// (`charts/aws-ebs-csi-driver/templates/_node.tpl`, `controller.yaml`),
+/// and each binary here serves its one mode. Another mode (`all`, the
+/// other binary's) stays, for the parser to refuse.
+pub fn without_mode(args: impl IntoIterator<Item = OsString>, mode: &str) -> Vec<OsString> {
+    let mut args: Vec<OsString> = args.into_iter().collect();
+    if args.get(1).is_some_and(|first| first == mode) {
+        args.remove(1);
+    }
+    args
+}
 
 /// The ignored flags a command line gave, as `--name=value`, each with
 /// why it has no effect.
@@ -150,6 +166,22 @@ mod tests {
         v: u8,
         #[command(flatten)]
         go: GoDriverFlags,
+    }
+
+    /// The Go driver's mode goes where its manifests put it, first; not
+    /// elsewhere, and not another mode.
+    #[test]
+    fn drops_the_mode_only_where_it_comes_first() {
+        let given = |args: &[&str]| args.iter().map(OsString::from).collect::<Vec<_>>();
+        let node = given(&["ebs-csi-agent", "node", "--v=5"]);
+        assert_eq!(without_mode(node, "node"), given(&["ebs-csi-agent", "--v=5"]));
+        for kept in [
+            given(&["ebs-csi-agent", "--v=5", "node"]),
+            given(&["ebs-csi-agent", "all", "--v=5"]),
+            given(&["ebs-csi-agent"]),
+        ] {
+            assert_eq!(without_mode(kept.clone(), "node"), kept);
+        }
     }
 
     /// The arguments of the Go driver's Helm chart and manifests, with

@@ -64,7 +64,10 @@ fn takedowns(cluster: &Cluster, volume: &str) -> usize {
 /// its VolumeAttachment and its EC2 volume go.
 fn claim_goes(cluster: &Cluster, ns: &Namespace<'_>, driver: &Driver, pv: &str, volume: &str) {
     ns.kubectl(&["delete", "pods", "--all", "--wait"]);
-    assert_eq!(mounts_of(cluster, pv, volume), Vec::<String>::new());
+    // The pod is gone once kubelet has unpublished; it unstages after.
+    poll_until("kubelet to unstage the volume", Duration::from_secs(60), || {
+        mounts_of(cluster, pv, volume).is_empty()
+    });
     ns.kubectl(&["delete", "pvc", "data", "--wait"]);
     poll_until("the PersistentVolume to go", Duration::from_secs(120), || {
         !cluster.kubectl(&["get", "pv", "-o", "name"]).contains(pv)
