@@ -83,6 +83,28 @@ impl Qmp {
     }
 }
 
+/// Where tmpfs is mounted on every Linux host the tests run on (systemd and
+/// Debian mount it there).
+const TMPFS: &str = "/dev/shm";
+
+/// A new directory for a VM's disk images, its QMP socket and QEMU's
+/// temporary overlay of a `snapshot=on` drive ([`command`] sets `TMPDIR`
+/// to it), on tmpfs: every write and flush the guest makes then completes
+/// in memory. On the host's disk a guest's NVMe flush is an `fdatasync`
+/// that waits for whatever else the host's journal commits, and a write can
+/// be held by the host's dirty-page throttling; a guest whose I/O waits
+/// past its NVMe driver's 30 s `io_timeout` aborts it, resets the
+/// controller and loses the disk (drivers/nvme/host/pci.c `nvme_timeout`),
+/// as a CI run of `make test` beside the real cluster's test saw: a
+/// hot-plugged disk's ext4 journal aborted in the middle of NodeStage's
+/// online resize. Sparse images take only the memory the guest writes.
+///
+/// # Panics
+/// When the directory cannot be made.
+pub fn scratch() -> tempfile::TempDir {
+    tempfile::tempdir_in(TMPFS).expect("a directory on tmpfs (/dev/shm)")
+}
+
 /// A sparse disk image of [`DISK_MIB`] named `<name>.img` in `dir`.
 pub fn disk(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(format!("{name}.img"));
@@ -102,12 +124,12 @@ pub const INSTANCE_TYPE: &str = "m5.large";
 /// The common part of a test VM's command line: TCG on q35 with `memory_mib`,
 /// SMBIOS tables like an EC2 Nitro instance's (system manufacturer `Amazon
 /// EC2`, product [`INSTANCE_TYPE`], board asset tag [`INSTANCE_ID`]),
-/// no network or display, the guest's protocol on `protocol_serial` (the
-/// serial port QEMU connects to this process's stdout), a QMP socket in
-/// `dir`, and [`HOTPLUG_PORTS`] free root ports.
+/// no network or display, a QMP socket and QEMU's temporary files in `dir`
+/// (a [`scratch`] directory), and [`HOTPLUG_PORTS`] free root ports.
 pub fn command(dir: &Path, memory_mib: u32) -> Command {
     let mut qemu = Command::new("qemu-system-x86_64");
-    qemu.args(["-accel", "tcg", "-machine", "q35", "-m", &memory_mib.to_string()])
+    qemu.env("TMPDIR", dir)
+        .args(["-accel", "tcg", "-machine", "q35", "-m", &memory_mib.to_string()])
         .args(["-nic", "none", "-no-reboot", "-display", "none", "-monitor", "none"])
         .arg("-smbios")
         .arg(format!("type=1,manufacturer=Amazon EC2,product={INSTANCE_TYPE}"))
@@ -317,4 +339,17 @@ pub fn uuid(image: &Path) -> String {
     run("blkid", &["-p", "-s", "UUID", "-o", "value", &image.to_string_lossy()])
         .trim()
         .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    /// `TMPFS_MAGIC`, include/uapi/linux/magic.h.
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+    #[test]
+    fn a_vms_scratch_directory_is_in_memory() {
+        let dir = super::scratch();
+        let fs = rustix::fs::statfs(dir.path()).unwrap();
+        assert_eq!(fs.f_type, TMPFS_MAGIC, "{} is not on tmpfs", dir.path().display());
+    }
 }

@@ -29,7 +29,7 @@ fn nvme_scenarios_in_a_vm() {
     let vm_dir = PathBuf::from(std::env::var_os("EBS_CSI_VM_DIR").expect("EBS_CSI_VM_DIR: built with it, run without"));
     let (kernel, initramfs) = (vm_dir.join("vmlinuz"), vm_dir.join("initramfs.gz"));
     assert!(kernel.is_file() && initramfs.is_file(), "run `make vm` first");
-    let dir = tempfile::tempdir().unwrap();
+    let dir = qemu::scratch();
     let mut vm = qemu::command(dir.path(), 512);
     vm.args(["-serial", "stdio"])
         .arg("-kernel")

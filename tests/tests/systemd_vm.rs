@@ -61,7 +61,7 @@ fn run_suite(suite: &str) {
     for file in [&kernel, &root, &payload] {
         assert!(file.is_file(), "{} is missing: run `make vm` first", file.display());
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = qemu::scratch();
     let mut vm = qemu::command(dir.path(), 1024);
     // The console (kernel, systemd; not quiet, so that a boot that hangs
     // shows how far it got) to a file; the guest's protocol on the
