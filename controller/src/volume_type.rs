@@ -1,10 +1,13 @@
-//! EBS volume types and their documented limits: sizes, IOPS and
-//! throughput from the EC2 API Reference, CreateVolume (as in aws-sdk-ec2
-//! 1.274: gp3 up to 64 TiB, 80,000 IOPS and 2,000 MiB/s), ratios from the
-//! Amazon EBS User Guide, "Amazon EBS volume types". Sizes and throughput
-//! are checked before EC2 is called, so a bad StorageClass fails fast with a
-//! message that names the limit; IOPS above a maximum are capped, as the Go
-//! driver caps them.
+//! EBS volume types and the limits the driver needs to build a request:
+//! sizes and IOPS from the EC2 API Reference, CreateVolume (as in
+//! aws-sdk-ec2 1.274: gp3 up to 64 TiB and 80,000 IOPS), the IOPS-per-GiB
+//! ratios from the Amazon EBS User Guide, "Amazon EBS volume types". A
+//! size is chosen within a type's range (CSI's capacity range against it)
+//! and IOPS are raised or capped as the Go driver does, so those limits
+//! shape the request. Throughput shapes nothing: it goes to EC2 as asked,
+//! and EC2's own refusal (`InvalidParameterValue`) reaches the CO as
+//! INVALID_ARGUMENT with EC2's message, so a limit EC2 raises is taken the
+//! day it is raised.
 
 use crate::error::ControllerError;
 
@@ -32,8 +35,6 @@ pub struct VolumeType {
     pub max_gib: i32,
     /// IOPS settings, where the type has them.
     pub iops: Option<IopsLimits>,
-    /// Throughput range in MiB/s, where the type has it (gp3).
-    pub throughput: Option<(i32, i32)>,
     /// Supports Multi-Attach (io1, io2).
     pub multi_attach: bool,
 }
@@ -41,16 +42,12 @@ pub struct VolumeType {
 /// The type used when a StorageClass names none (as the Go driver).
 pub const DEFAULT: &str = "gp3";
 
-/// gp3: at most 0.25 MiB/s of throughput per provisioned IOPS.
-pub const GP3_THROUGHPUT_PER_IOPS: f64 = 0.25;
-
 const TYPES: [VolumeType; 7] = [
     VolumeType {
         name: "gp2",
         min_gib: 1,
         max_gib: 16_384,
         iops: None,
-        throughput: None,
         multi_attach: false,
     },
     VolumeType {
@@ -63,7 +60,6 @@ const TYPES: [VolumeType; 7] = [
             per_gib: 500,
             required: false,
         }),
-        throughput: Some((125, 2_000)),
         multi_attach: false,
     },
     VolumeType {
@@ -76,7 +72,6 @@ const TYPES: [VolumeType; 7] = [
             per_gib: 50,
             required: true,
         }),
-        throughput: None,
         multi_attach: true,
     },
     VolumeType {
@@ -89,7 +84,6 @@ const TYPES: [VolumeType; 7] = [
             per_gib: 1_000,
             required: true,
         }),
-        throughput: None,
         multi_attach: true,
     },
     VolumeType {
@@ -97,7 +91,6 @@ const TYPES: [VolumeType; 7] = [
         min_gib: 125,
         max_gib: 16_384,
         iops: None,
-        throughput: None,
         multi_attach: false,
     },
     VolumeType {
@@ -105,7 +98,6 @@ const TYPES: [VolumeType; 7] = [
         min_gib: 125,
         max_gib: 16_384,
         iops: None,
-        throughput: None,
         multi_attach: false,
     },
     VolumeType {
@@ -113,7 +105,6 @@ const TYPES: [VolumeType; 7] = [
         min_gib: 1,
         max_gib: 1_024,
         iops: None,
-        throughput: None,
         multi_attach: false,
     },
 ];
@@ -242,33 +233,6 @@ impl VolumeType {
         }
         Ok(Some(iops))
     }
-
-    /// Checks a throughput in MiB/s against the type and the IOPS.
-    ///
-    /// # Errors
-    /// INVALID_ARGUMENT naming the limit.
-    pub fn check_throughput(&self, throughput: Option<i32>, iops: Option<i32>) -> Result<(), ControllerError> {
-        let Some(throughput) = throughput else { return Ok(()) };
-        let Some((min, max)) = self.throughput else {
-            return Err(ControllerError::InvalidArgument(format!(
-                "{} volumes do not take a throughput",
-                self.name
-            )));
-        };
-        if throughput < min || throughput > max {
-            return Err(ControllerError::InvalidArgument(format!(
-                "{} throughput must be {min}–{max} MiB/s, not {throughput}",
-                self.name
-            )));
-        }
-        let iops = iops.or(self.iops.map(|l| l.min)).unwrap_or_default();
-        if f64::from(throughput) > f64::from(iops) * GP3_THROUGHPUT_PER_IOPS {
-            return Err(ControllerError::InvalidArgument(format!(
-                "{throughput} MiB/s exceeds {GP3_THROUGHPUT_PER_IOPS} MiB/s per IOPS at {iops} IOPS"
-            )));
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -352,18 +316,5 @@ mod tests {
                 .resolve_iops(100, Some(3_000), None, false)
                 .is_err()
         );
-    }
-
-    #[test]
-    fn checks_gp3_throughput() {
-        let gp3 = lookup("gp3").unwrap();
-        assert!(gp3.check_throughput(Some(125), None).is_ok());
-        assert!(gp3.check_throughput(Some(1_000), Some(4_000)).is_ok());
-        assert!(
-            gp3.check_throughput(Some(1_000), None).is_err(),
-            "750 MiB/s at 3000 IOPS at most"
-        );
-        assert!(gp3.check_throughput(Some(100), None).is_err());
-        assert!(lookup("io2").unwrap().check_throughput(Some(200), Some(1_000)).is_err());
     }
 }

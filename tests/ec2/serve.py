@@ -273,6 +273,7 @@ timeline = None
 BACKEND = {name: getattr(EBSBackend, name) for name in (
     "create_volume", "get_volume", "describe_volumes", "delete_volume", "attach_volume", "detach_volume",
     "create_snapshot", "create_snapshots", "get_snapshot", "describe_snapshots", "delete_snapshot",
+    "modify_volume",
 )}
 
 
@@ -282,8 +283,46 @@ def incorrect_state(volume_id, state):
     return EC2ClientError("IncorrectState", f"Volume '{volume_id}' is in the '{state}' state.")
 
 
-def create_volume(self, *args, **kwargs):
-    volume = BACKEND["create_volume"](self, *args, **kwargs)
+# gp3's throughput range in MiB/s, its IOPS when none are asked (EC2 API
+# Reference, CreateVolume: Throughput "Valid Range: Minimum value of 125.
+# Maximum value of 2000"; Iops, gp3 "3,000") and its most throughput per
+# provisioned IOPS (Amazon EBS User Guide, "General Purpose SSD volumes").
+GP3_THROUGHPUT = (125, 2000)
+GP3_BASELINE_IOPS = 3000
+GP3_THROUGHPUT_PER_IOPS = 0.25
+
+
+def throughput_refusal(volume_type, iops, throughput):
+    """EC2's refusal of `throughput` on a `volume_type` volume of `iops`, as
+    controller/src/ec2/model.rs gives it, with the same sources: the
+    messages quoted in runs-on/runs-on#426 (another type than gp3),
+    gardener/gardener-extension-provider-aws#590 ("Volume throughput o…",
+    in the form of EC2's IOPS message) and runs-on/runs-on#260 (the ratio)."""
+    if not throughput:
+        return None
+    throughput, iops = int(throughput), int(iops or GP3_BASELINE_IOPS)
+    if volume_type != "gp3":
+        return EC2ClientError("InvalidParameterCombination", "throughput can only be specified for volumeType gp3.")
+    low, high = GP3_THROUGHPUT
+    if throughput < low:
+        return EC2ClientError("InvalidParameterValue", f"Volume throughput of {throughput} is too low; minimum is {low}")
+    if throughput > high:
+        return EC2ClientError("InvalidParameterValue", f"Volume throughput of {throughput} is too high; maximum is {high}")
+    ratio = throughput / iops
+    if ratio > GP3_THROUGHPUT_PER_IOPS:
+        return EC2ClientError(
+            "InvalidParameterValue",
+            f"Throughput (MiBps) to iops ratio of {ratio:.6f} is too high; "
+            f"maximum is {GP3_THROUGHPUT_PER_IOPS:.6f} MiBps per iops",
+        )
+    return None
+
+
+def create_volume(self, size, zone_name, *args, **kwargs):
+    refusal = throughput_refusal(kwargs.get("volume_type"), kwargs.get("iops"), kwargs.get("throughput"))
+    if refusal:
+        raise refusal
+    volume = BACKEND["create_volume"](self, size, zone_name, *args, **kwargs)
     if getattr(timeline.serving, "action", None) not in ("CreateVolume", "CopyVolumes"):
         return volume
     with timeline.lock:
@@ -291,6 +330,20 @@ def create_volume(self, *args, **kwargs):
         timeline.visible_at[volume.id] = timeline.after(timeline.lag)
         timeline.available_at[volume.id] = timeline.state_change(volume.id, "creating", timeline.create)
     return volume
+
+
+def modify_volume(self, volume_id, target_size=None, target_volume_type=None, target_iops=None,
+                  target_throughput=None, *args, **kwargs):
+    # EC2 judges the volume the modification would leave: its throughput
+    # kept where its type is.
+    volume = self.get_volume(volume_id)
+    kept = volume.throughput if not target_volume_type else None
+    refusal = throughput_refusal(target_volume_type or volume.volume_type, target_iops or volume.iops,
+                                 target_throughput or kept)
+    if refusal:
+        raise refusal
+    return BACKEND["modify_volume"](self, volume_id, target_size, target_volume_type, target_iops,
+                                    target_throughput, *args, **kwargs)
 
 
 def get_volume(self, volume_id):
@@ -540,16 +593,19 @@ def copy_volumes(app, environ, start_response, params):
             volume_id = copies[token][1]
         else:
             source = backend.get_volume(one["SourceVolumeId"])
-            volume = backend.create_volume(
-                size=int(one.get("Size", source.size)),
-                zone_name=source.zone.name,
-                encrypted=source.encrypted,
-                kms_key_id=source.kms_key_id if source.encrypted else None,
-                volume_type=one.get("VolumeType", source.volume_type),
-                iops=int(one["Iops"]) if "Iops" in one else None,
-                throughput=int(one["Throughput"]) if "Throughput" in one else None,
-                multi_attach_enabled=one.get("MultiAttachEnabled") == "true",
-            )
+            try:
+                volume = backend.create_volume(
+                    size=int(one.get("Size", source.size)),
+                    zone_name=source.zone.name,
+                    encrypted=source.encrypted,
+                    kms_key_id=source.kms_key_id if source.encrypted else None,
+                    volume_type=one.get("VolumeType", source.volume_type),
+                    iops=int(one["Iops"]) if "Iops" in one else None,
+                    throughput=int(one["Throughput"]) if "Throughput" in one else None,
+                    multi_attach_enabled=one.get("MultiAttachEnabled") == "true",
+                )
+            except EC2ClientError as refused:
+                return error(start_response, 400, refused.code, refused.message)
             backend.create_tags([volume.id], tags_of(params))
             volume_id = volume.id
             if token:

@@ -459,6 +459,49 @@ fn matches(selector: &Selector, id: &str, tags: &Tags, volume_id: &str) -> bool 
     }
 }
 
+/// gp3's throughput range in MiB/s and its IOPS when none are asked (EC2
+/// API Reference, CreateVolume: `Throughput`, "Valid Range: Minimum value
+/// of 125. Maximum value of 2000"; `Iops`, gp3 "3,000").
+const GP3_THROUGHPUT: (i32, i32) = (125, 2_000);
+/// See [`GP3_THROUGHPUT`].
+const GP3_BASELINE_IOPS: i32 = 3_000;
+/// gp3's most throughput per provisioned IOPS, MiB/s (Amazon EBS User
+/// Guide, "General Purpose SSD volumes": "0.25 MiB/s per provisioned IOPS").
+const GP3_THROUGHPUT_PER_IOPS: f64 = 0.25;
+
+/// EC2's refusal of `throughput` MiB/s on a `volume_type` volume of `iops`,
+/// checked as EC2 checks it, each message as EC2 gives it: throughput on
+/// another type than gp3 (`InvalidParameterCombination`, quoted in
+/// runs-on/runs-on#426), out of gp3's range (`InvalidParameterValue`,
+/// "Volume throughput o…" as gardener/gardener-extension-provider-aws#590
+/// quotes it, in the form of EC2's "Volume iops of … is too high; maximum
+/// is …"), above 0.25 MiB/s per IOPS (quoted in runs-on/runs-on#260).
+fn throughput_refusal(volume_type: &str, iops: Option<i32>, throughput: Option<i32>) -> Option<Ec2Error> {
+    let throughput = throughput?;
+    if volume_type != "gp3" {
+        return Some(Ec2Error::InvalidParameter(
+            "throughput can only be specified for volumeType gp3.".to_owned(),
+        ));
+    }
+    let (min, max) = GP3_THROUGHPUT;
+    if throughput < min {
+        return Some(Ec2Error::InvalidParameter(format!(
+            "Volume throughput of {throughput} is too low; minimum is {min}"
+        )));
+    }
+    if throughput > max {
+        return Some(Ec2Error::InvalidParameter(format!(
+            "Volume throughput of {throughput} is too high; maximum is {max}"
+        )));
+    }
+    let ratio = f64::from(throughput) / f64::from(iops.unwrap_or(GP3_BASELINE_IOPS));
+    (ratio > GP3_THROUGHPUT_PER_IOPS).then(|| {
+        Ec2Error::InvalidParameter(format!(
+            "Throughput (MiBps) to iops ratio of {ratio:.6} is too high; maximum is {GP3_THROUGHPUT_PER_IOPS:.6} MiBps per iops"
+        ))
+    })
+}
+
 /// Whether `volume` is attached (or attaching) to `instance_id`.
 fn attached_to(volume: &Volume, instance_id: &str) -> bool {
     volume
@@ -470,6 +513,9 @@ fn attached_to(volume: &Volume, instance_id: &str) -> bool {
 impl Ec2 for Model {
     async fn create_volume(&self, input: CreateVolumeInput) -> Result<Volume, Ec2Error> {
         let mut state = self.sdk_call("CreateVolume").await?;
+        if let Some(refusal) = throughput_refusal(&input.volume_type, input.iops, input.throughput) {
+            return Err(refusal);
+        }
         let request = CreateVolumeInput {
             client_token: String::new(),
             ..input.clone()
@@ -784,7 +830,14 @@ impl Ec2 for Model {
                     .to_owned(),
             ));
         }
-        state.live(volume_id)?;
+        // EC2 judges the volume the modification would leave: its
+        // throughput kept where its type is.
+        let volume = &state.live(volume_id)?.volume;
+        let kept = volume.throughput.filter(|_| input.volume_type.is_none());
+        let volume_type = input.volume_type.as_deref().unwrap_or(&volume.volume_type);
+        if let Some(refusal) = throughput_refusal(volume_type, input.iops.or(volume.iops), input.throughput.or(kept)) {
+            return Err(refusal);
+        }
         state.modified_at.entry(volume_id.into()).or_default().push(now);
         self.changing(&mut state, volume_id);
         let volume = &mut state.live(volume_id)?.volume;
@@ -902,5 +955,34 @@ mod tests {
         assert_eq!(answered(&model, 150).await, 100);
         assert_eq!(model.throttled(), 20 + 1 + 10 + 50);
         assert_eq!(model.calls("DescribeVolumes"), 0);
+    }
+
+    /// The model judges throughput as EC2 does, at its limits: the type,
+    /// the range's two ends, the ratio to the IOPS asked or gp3's baseline.
+    #[test]
+    fn throughput_is_judged_as_ec2_judges_it() {
+        let refused = |t: &str, iops, throughput| throughput_refusal(t, iops, Some(throughput)).map(|e| e.to_string());
+        assert_eq!(throughput_refusal("gp2", None, None).map(|e| e.to_string()), None);
+        assert_eq!(
+            refused("io2", Some(1_000), 250).as_deref(),
+            Some("invalid parameter: throughput can only be specified for volumeType gp3.")
+        );
+        assert_eq!(refused("gp3", None, 125), None);
+        assert_eq!(refused("gp3", None, 750), None, "0.25 MiB/s per IOPS at 3,000 IOPS");
+        assert_eq!(refused("gp3", Some(8_000), 2_000), None);
+        assert_eq!(
+            refused("gp3", None, 124).as_deref(),
+            Some("invalid parameter: Volume throughput of 124 is too low; minimum is 125")
+        );
+        assert_eq!(
+            refused("gp3", Some(80_000), 2_001).as_deref(),
+            Some("invalid parameter: Volume throughput of 2001 is too high; maximum is 2000")
+        );
+        assert_eq!(
+            refused("gp3", None, 751).as_deref(),
+            Some(
+                "invalid parameter: Throughput (MiBps) to iops ratio of 0.250333 is too high; maximum is 0.250000 MiBps per iops"
+            )
+        );
     }
 }

@@ -193,7 +193,6 @@ impl<E: Ec2> ControllerService<E> {
         let volume = self.existing(volume_id).await?;
         let kind = volume_type::lookup(m.volume_type.as_deref().unwrap_or(&volume.volume_type))?;
         let iops = if m.iops.is_some() || m.iops_per_gib.is_some() {
-            kind.resolve_iops(volume.size_gib, m.iops, m.iops_per_gib, false)?;
             let kind = self
                 .iops_ceilings
                 .in_zone(self.ec2.as_ref(), kind, &volume.zone, &volume.tags)
@@ -202,7 +201,6 @@ impl<E: Ec2> ControllerService<E> {
         } else {
             None
         };
-        kind.check_throughput(m.throughput, iops.or(volume.iops))?;
         let input = without_no_ops(
             &volume,
             ModifyVolumeInput {

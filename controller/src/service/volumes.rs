@@ -251,10 +251,6 @@ impl<E: Ec2> ControllerService<E> {
             ));
         }
         let size_gib = size_gib(r.capacity_range.as_ref(), &kind, i64::from(at_least))?;
-        // Checked against the documented limits before any EC2 call, then
-        // capped at the zone's maximum once the zone is known.
-        let documented = kind.resolve_iops(size_gib, p.iops, p.iops_per_gib, p.allow_iops_increase)?;
-        kind.check_throughput(p.throughput, documented)?;
         let _guard = self.in_flight.acquire(name)?;
         let requirement = r.accessibility_requirements.as_ref();
         let zone = match &source {
@@ -271,16 +267,16 @@ impl<E: Ec2> ControllerService<E> {
         let mut volume_tags = tags::common(self.settings.cluster_id.as_deref(), name, &self.settings.extra_tags);
         volume_tags.extend(p.tags);
         volume_tags.insert(tags::VOLUME_NAME.to_owned(), name.to_owned());
-        let iops = if p.iops.is_some() || p.iops_per_gib.is_some() {
-            let kind = self
-                .iops_ceilings
+        // Once the zone is known: its IOPS maximum caps them (a dry run,
+        // only where IOPS are asked).
+        let kind = if p.iops.is_some() || p.iops_per_gib.is_some() {
+            self.iops_ceilings
                 .in_zone(self.ec2.as_ref(), kind, &zone, &volume_tags)
-                .await;
-            kind.resolve_iops(size_gib, p.iops, p.iops_per_gib, p.allow_iops_increase)?
+                .await
         } else {
-            None
+            kind
         };
-        kind.check_throughput(p.throughput, iops)?;
+        let iops = kind.resolve_iops(size_gib, p.iops, p.iops_per_gib, p.allow_iops_increase)?;
         let input = CreateVolumeInput {
             zone,
             size_gib,
