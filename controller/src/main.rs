@@ -37,6 +37,7 @@ use crate::service::identity::{CONTROLLER_SERVICES, SNAPSHOT_METADATA_SERVICES};
 use crate::service::{ControllerService, IdentityService, Settings};
 use crate::snapshot_metadata::SnapshotMetadataService;
 use crate::snapshot_metadata::blocks::SdkBlocks;
+use crate::tags::InvalidTags;
 
 /// The CSI Controller service for Amazon EBS (flag names follow the Go
 /// driver's where they exist).
@@ -62,6 +63,12 @@ struct Args {
     /// (also as the Go driver's deprecated `--extra-volume-tags`).
     #[arg(long, default_value = "", alias = "extra-volume-tags")]
     extra_tags: String,
+    /// Leave an invalid tag out with a warning naming it, where the request
+    /// (or the start, for --extra-tags) would be refused: a tagSpecification
+    /// whose template fails or whose key is reserved, such an --extra-tags
+    /// key (the Go driver's flag; Go's spellings).
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set)]
+    warn_on_invalid_tag: bool,
     /// Cluster id: tags resources kubernetes.io/cluster/<id>=owned.
     #[arg(long)]
     k8s_tag_cluster_id: Option<String>,
@@ -150,11 +157,16 @@ async fn main() -> anyhow::Result<()> {
         SdkEc2::new(&config, metrics.clone()),
         RequestBuckets::new(args.ec2_request_limits),
     ));
+    let invalid_tags = match args.warn_on_invalid_tag {
+        true => InvalidTags::Skip,
+        false => InvalidTags::Refuse,
+    };
     let settings = Settings {
         cluster_id: args.k8s_tag_cluster_id,
-        extra_tags: tags::parse_extra(&args.extra_tags)
+        extra_tags: tags::parse_extra(&args.extra_tags, invalid_tags)
             .map_err(anyhow::Error::msg)
             .context("--extra-tags")?,
+        invalid_tags,
         batch: BatchConfig {
             enabled: args.batching,
             ..BatchConfig::default()

@@ -9,7 +9,7 @@ use ebs_csi_proto::format_context;
 
 use crate::ec2::{LockMode, SnapshotLock, Tags};
 use crate::error::ControllerError;
-use crate::tags;
+use crate::tags::{self, InvalidTags};
 
 /// The fstype key the external-provisioner passes through.
 const FS_TYPE: &str = "csi.storage.k8s.io/fstype";
@@ -76,7 +76,7 @@ pub struct VolumeParameters {
 ///
 /// # Errors
 /// INVALID_ARGUMENT naming the key for an unknown key or a bad value.
-pub fn volume(parameters: &HashMap<String, String>) -> Result<VolumeParameters, ControllerError> {
+pub fn volume(parameters: &HashMap<String, String>, invalid: InvalidTags) -> Result<VolumeParameters, ControllerError> {
     let lower: HashMap<String, &String> = parameters.iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
     let fields = volume_fields(&lower);
     let mut p = VolumeParameters::default();
@@ -112,8 +112,9 @@ pub fn volume(parameters: &HashMap<String, String>) -> Result<VolumeParameters, 
             }
             k if format_context::is_key(k) => {}
             k if k.starts_with(tags::SPECIFICATION_PREFIX) => {
-                let (tag, tag_value) = tags::parse_specification(value, &fields)?;
-                p.tags.insert(tag, tag_value);
+                if let Some((tag, tag_value)) = invalid.take(tags::parse_specification(value, &fields))? {
+                    p.tags.insert(tag, tag_value);
+                }
             }
             _ => return Err(unknown(key)),
         }
@@ -159,7 +160,10 @@ pub struct SnapshotParameters {
 /// `compliance` or `governance` and exactly one of `lockDuration` (1–36,500
 /// days) and `lockExpirationDate` (RFC 3339); `lockCoolOffPeriod` (1–72
 /// hours) is for compliance mode only.
-pub fn snapshot(parameters: &HashMap<String, String>) -> Result<SnapshotParameters, ControllerError> {
+pub fn snapshot(
+    parameters: &HashMap<String, String>,
+    invalid: InvalidTags,
+) -> Result<SnapshotParameters, ControllerError> {
     let lower: HashMap<String, &String> = parameters.iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
     let field = |key: &str| lower.get(key).map(|v| (*v).clone()).unwrap_or_default();
     let fields = [
@@ -182,8 +186,9 @@ pub fn snapshot(parameters: &HashMap<String, String>) -> Result<SnapshotParamete
             }
             "outpostarn" => p.outpost_arn = Some(outpost_arn(value)?),
             k if k.starts_with(tags::SPECIFICATION_PREFIX) => {
-                let (tag, tag_value) = tags::parse_specification(value, &fields)?;
-                p.tags.insert(tag, tag_value);
+                if let Some((tag, tag_value)) = invalid.take(tags::parse_specification(value, &fields))? {
+                    p.tags.insert(tag, tag_value);
+                }
             }
             _ => return Err(unknown(key)),
         }
@@ -201,7 +206,7 @@ pub fn snapshot(parameters: &HashMap<String, String>) -> Result<SnapshotParamete
 ///
 /// # Errors
 /// INVALID_ARGUMENT for any other key or a bad tag specification.
-pub fn group_snapshot(parameters: &HashMap<String, String>) -> Result<Tags, ControllerError> {
+pub fn group_snapshot(parameters: &HashMap<String, String>, invalid: InvalidTags) -> Result<Tags, ControllerError> {
     let lower: HashMap<String, &String> = parameters.iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
     let field = |key: &str| lower.get(key).map(|v| (*v).clone()).unwrap_or_default();
     let fields = [
@@ -214,8 +219,9 @@ pub fn group_snapshot(parameters: &HashMap<String, String>) -> Result<Tags, Cont
         match key.as_str() {
             GROUP_SNAPSHOT_NAME | GROUP_SNAPSHOT_NAMESPACE | GROUP_SNAPSHOT_CONTENT_NAME => {}
             k if k.starts_with(tags::SPECIFICATION_PREFIX) => {
-                let (tag, tag_value) = tags::parse_specification(value, &fields)?;
-                tags.insert(tag, tag_value);
+                if let Some((tag, tag_value)) = invalid.take(tags::parse_specification(value, &fields))? {
+                    tags.insert(tag, tag_value);
+                }
             }
             _ => return Err(unknown(key)),
         }
@@ -368,7 +374,7 @@ fn volume_fields(lower: &HashMap<String, &String>) -> [(&'static str, String); 3
 ///
 /// # Errors
 /// INVALID_ARGUMENT for an unknown key or a bad value.
-pub fn mutation(parameters: &HashMap<String, String>) -> Result<Mutation, ControllerError> {
+pub fn mutation(parameters: &HashMap<String, String>, invalid: InvalidTags) -> Result<Mutation, ControllerError> {
     let lower: HashMap<String, &String> = parameters.iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
     let fields = volume_fields(&lower);
     let mut m = Mutation::default();
@@ -387,8 +393,9 @@ pub fn mutation(parameters: &HashMap<String, String>) -> Result<Mutation, Contro
             "throughput" => m.throughput = Some(number(key, value)?),
             AUTO_IOPS_ON_MODIFY => m.allow_iops_increase_on_modify = Some(boolean(key, value)?),
             k if k.starts_with(tags::SPECIFICATION_PREFIX) => {
-                let (tag, tag_value) = tags::parse_specification(value, &fields)?;
-                m.add_tags.insert(tag, tag_value);
+                if let Some((tag, tag_value)) = invalid.take(tags::parse_specification(value, &fields))? {
+                    m.add_tags.insert(tag, tag_value);
+                }
             }
             k if k.starts_with(tags::DELETION_PREFIX) => {
                 tags::check_key(value)?;
@@ -496,7 +503,7 @@ mod tests {
         assert!(keys.len() >= 20, "{keys:?}");
         for key in keys {
             for value in ["1", "true", "gp3", "ext4", "team=storage"] {
-                if let Err(e) = volume(&map(&[(&key, value)])) {
+                if let Err(e) = volume(&map(&[(&key, value)]), InvalidTags::Refuse) {
                     assert_ne!(e.to_string(), unknown(&key.to_ascii_lowercase()).to_string(), "{key}");
                 }
             }
@@ -505,25 +512,35 @@ mod tests {
 
     #[test]
     fn go_driver_spellings_are_taken() {
-        let p = volume(&map(&[
-            ("fsType", "xfs"),
-            ("blockExpress", "true"),
-            ("tagSpecification1", "team=storage"),
-            ("tagSpecification_2", "tier=gold"),
-        ]))
+        let p = volume(
+            &map(&[
+                ("fsType", "xfs"),
+                ("blockExpress", "true"),
+                ("tagSpecification1", "team=storage"),
+                ("tagSpecification_2", "tier=gold"),
+            ]),
+            InvalidTags::Refuse,
+        )
         .unwrap();
         assert_eq!(p.fs_type, Some(FsType::Xfs));
         assert_eq!(p.tags.get("team").map(String::as_str), Some("storage"));
         assert_eq!(p.tags.get("tier").map(String::as_str), Some("gold"));
         // The CSI key wins over the deprecated one.
-        let p = volume(&map(&[("fsType", "xfs"), ("csi.storage.k8s.io/fstype", "ext4")])).unwrap();
+        let p = volume(
+            &map(&[("fsType", "xfs"), ("csi.storage.k8s.io/fstype", "ext4")]),
+            InvalidTags::Refuse,
+        )
+        .unwrap();
         assert_eq!(p.fs_type, Some(FsType::Ext4));
     }
 
     #[test]
     fn iops_and_iops_per_gb_together_are_refused() {
         let both = map(&[("iops", "3000"), ("iopsPerGB", "50")]);
-        for error in [volume(&both).unwrap_err(), mutation(&both).unwrap_err()] {
+        for error in [
+            volume(&both, InvalidTags::Refuse).unwrap_err(),
+            mutation(&both, InvalidTags::Refuse).unwrap_err(),
+        ] {
             assert_eq!(error.to_string(), "iops and iopsPerGB are both set: give one");
             assert!(matches!(error, ControllerError::InvalidArgument(_)));
         }
@@ -531,18 +548,21 @@ mod tests {
 
     #[test]
     fn parses_the_go_drivers_parameters() {
-        let p = volume(&map(&[
-            ("Type", "IO2"),
-            ("iopsPerGB", "50"),
-            ("allowAutoIOPSPerGBIncrease", "true"),
-            ("encrypted", "TRUE"),
-            ("kmsKeyId", "arn:aws:kms:key"),
-            ("csi.storage.k8s.io/fstype", "xfs"),
-            ("blockSize", "4096"),
-            ("tagSpecification_1", "owner={{ .PVCNamespace }}"),
-            ("csi.storage.k8s.io/pvc/namespace", "shop"),
-            ("csi.storage.k8s.io/pvc/name", "data"),
-        ]))
+        let p = volume(
+            &map(&[
+                ("Type", "IO2"),
+                ("iopsPerGB", "50"),
+                ("allowAutoIOPSPerGBIncrease", "true"),
+                ("encrypted", "TRUE"),
+                ("kmsKeyId", "arn:aws:kms:key"),
+                ("csi.storage.k8s.io/fstype", "xfs"),
+                ("blockSize", "4096"),
+                ("tagSpecification_1", "owner={{ .PVCNamespace }}"),
+                ("csi.storage.k8s.io/pvc/namespace", "shop"),
+                ("csi.storage.k8s.io/pvc/name", "data"),
+            ]),
+            InvalidTags::Refuse,
+        )
         .unwrap();
         assert_eq!(p.volume_type.as_deref(), Some("io2"));
         assert_eq!(
@@ -570,7 +590,10 @@ mod tests {
             map(&[("tagSpecification_1", "CSIVolumeName=x")]),
         ] {
             assert!(
-                matches!(volume(&bad), Err(ControllerError::InvalidArgument(_))),
+                matches!(
+                    volume(&bad, InvalidTags::Refuse),
+                    Err(ControllerError::InvalidArgument(_))
+                ),
                 "{bad:?}"
             );
         }
@@ -578,28 +601,34 @@ mod tests {
 
     #[test]
     fn parses_snapshot_and_modify_parameters() {
-        let p = snapshot(&map(&[
-            (
-                "tagSpecification_1",
-                "source={{ .VolumeSnapshotNamespace }}/{{ .VolumeSnapshotName }}",
-            ),
-            ("csi.storage.k8s.io/volumesnapshot/name", "nightly"),
-            ("csi.storage.k8s.io/volumesnapshot/namespace", "shop"),
-        ]))
+        let p = snapshot(
+            &map(&[
+                (
+                    "tagSpecification_1",
+                    "source={{ .VolumeSnapshotNamespace }}/{{ .VolumeSnapshotName }}",
+                ),
+                ("csi.storage.k8s.io/volumesnapshot/name", "nightly"),
+                ("csi.storage.k8s.io/volumesnapshot/namespace", "shop"),
+            ]),
+            InvalidTags::Refuse,
+        )
         .unwrap();
         assert_eq!(p.tags.get("source").map(String::as_str), Some("shop/nightly"));
-        assert!(snapshot(&map(&[("type", "gp3")])).is_err());
+        assert!(snapshot(&map(&[("type", "gp3")]), InvalidTags::Refuse).is_err());
         // The Go driver's other VolumeSnapshotClass keys.
-        let p = snapshot(&map(&[
-            ("fastSnapshotRestoreAvailabilityZones", "us-east-1a, us-east-1b"),
-            ("lockMode", "compliance"),
-            ("lockExpirationDate", "2030-01-01T00:00:00Z"),
-            ("lockCoolOffPeriod", "24"),
-            (
-                "outpostArn",
-                "arn:aws:outposts:us-east-1:123456789012:outpost/op-0123456789abcdef0",
-            ),
-        ]))
+        let p = snapshot(
+            &map(&[
+                ("fastSnapshotRestoreAvailabilityZones", "us-east-1a, us-east-1b"),
+                ("lockMode", "compliance"),
+                ("lockExpirationDate", "2030-01-01T00:00:00Z"),
+                ("lockCoolOffPeriod", "24"),
+                (
+                    "outpostArn",
+                    "arn:aws:outposts:us-east-1:123456789012:outpost/op-0123456789abcdef0",
+                ),
+            ]),
+            InvalidTags::Refuse,
+        )
         .unwrap();
         assert_eq!(p.fast_restore_zones, vec!["us-east-1a", "us-east-1b"]);
         assert_eq!(
@@ -635,41 +664,51 @@ mod tests {
                 "outpostArn=\"op-1\" is not an Outpost ARN (arn:aws:outposts:<region>:<account>:outpost/op-…)",
             ),
         ] {
-            match snapshot(&map(&bad)) {
+            match snapshot(&map(&bad), InvalidTags::Refuse) {
                 Err(ControllerError::InvalidArgument(m)) => assert_eq!(m, why),
                 other => panic!("{bad:?}: {other:?}"),
             }
         }
-        let m = mutation(&map(&[
-            ("type", "io2"),
-            ("iops", "4000"),
-            ("tagDeletion_1", "team"),
-            ("tagSpecification_1", "env=prod"),
-        ]))
+        let m = mutation(
+            &map(&[
+                ("type", "io2"),
+                ("iops", "4000"),
+                ("tagDeletion_1", "team"),
+                ("tagSpecification_1", "env=prod"),
+            ]),
+            InvalidTags::Refuse,
+        )
         .unwrap();
         assert_eq!((m.volume_type.as_deref(), m.iops), (Some("io2"), Some(4000)));
         // A fixed IOPS ends the volume's recorded ratio.
         assert_eq!(m.delete_tags, vec!["team".to_owned(), tags::IOPS_PER_GIB.to_owned()]);
-        let m = mutation(&map(&[("iopsPerGB", "50"), ("allowAutoIOPSIncreaseOnModify", "false")])).unwrap();
+        let m = mutation(
+            &map(&[("iopsPerGB", "50"), ("allowAutoIOPSIncreaseOnModify", "false")]),
+            InvalidTags::Refuse,
+        )
+        .unwrap();
         assert_eq!(m.add_tags.get(tags::IOPS_PER_GIB).map(String::as_str), Some("50"));
         assert_eq!(m.delete_tags, vec![tags::AUTO_IOPS_ON_MODIFY.to_owned()]);
-        assert!(mutation(&map(&[("encrypted", "true")])).is_err());
+        assert!(mutation(&map(&[("encrypted", "true")]), InvalidTags::Refuse).is_err());
         // The Go driver's deprecated volumeType, and templates filled from
         // the external-resizer's --extra-modify-metadata keys.
-        let m = mutation(&map(&[
-            ("volumeType", "io1"),
-            (
-                "tagSpecification_1",
-                "owner={{ .PVCNamespace }}/{{ .PVCName }} on {{ .PVName }}",
-            ),
-            ("csi.storage.k8s.io/pvc/name", "data"),
-            ("csi.storage.k8s.io/pvc/namespace", "shop"),
-            ("csi.storage.k8s.io/pv/name", "pvc-1"),
-        ]))
+        let m = mutation(
+            &map(&[
+                ("volumeType", "io1"),
+                (
+                    "tagSpecification_1",
+                    "owner={{ .PVCNamespace }}/{{ .PVCName }} on {{ .PVName }}",
+                ),
+                ("csi.storage.k8s.io/pvc/name", "data"),
+                ("csi.storage.k8s.io/pvc/namespace", "shop"),
+                ("csi.storage.k8s.io/pv/name", "pvc-1"),
+            ]),
+            InvalidTags::Refuse,
+        )
         .unwrap();
         assert_eq!(m.volume_type.as_deref(), Some("io1"));
         assert_eq!(m.add_tags.get("owner").map(String::as_str), Some("shop/data on pvc-1"));
-        let both = mutation(&map(&[("type", "gp3"), ("volumeType", "io1")])).unwrap();
+        let both = mutation(&map(&[("type", "gp3"), ("volumeType", "io1")]), InvalidTags::Refuse).unwrap();
         assert_eq!(both.volume_type.as_deref(), Some("gp3"), "type wins over volumeType");
     }
 }

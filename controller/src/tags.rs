@@ -67,6 +67,38 @@ pub fn check_key(key: &str) -> Result<(), ControllerError> {
     Ok(())
 }
 
+/// What becomes of an invalid tag: a `tagSpecification_N` whose template
+/// fails or whose key is reserved, an `--extra-tags` entry with a reserved
+/// key. The Go driver's `--warn-on-invalid-tag` (`WarnOnInvalidTag`:
+/// `pkg/driver/validation.go` `validateExtraTags`, `pkg/util/template`
+/// `Evaluate`) chooses [`InvalidTags::Skip`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InvalidTags {
+    /// The request is refused: INVALID_ARGUMENT naming the tag.
+    #[default]
+    Refuse,
+    /// The tag is left out, with a warning naming it and why.
+    Skip,
+}
+
+impl InvalidTags {
+    /// `parsed` as this policy takes it: the tag, or nothing (logged), or
+    /// the error.
+    ///
+    /// # Errors
+    /// `parsed`'s error under [`InvalidTags::Refuse`].
+    pub fn take<T>(self, parsed: Result<T, ControllerError>) -> Result<Option<T>, ControllerError> {
+        match (parsed, self) {
+            (Ok(tag), _) => Ok(Some(tag)),
+            (Err(e), Self::Skip) => {
+                tracing::warn!(error = %e, "an invalid tag is left out (--warn-on-invalid-tag)");
+                Ok(None)
+            }
+            (Err(e), Self::Refuse) => Err(e),
+        }
+    }
+}
+
 /// Parses a `tagSpecification_N` value `key=value`: as the Go driver
 /// (`pkg/util/template/template.go`), split at the first `=`, the value
 /// then expanded as a template ([`template::expand`]: fields such as
@@ -103,21 +135,24 @@ pub fn common(cluster_id: Option<&str>, name: &str, extra: &Tags) -> Tags {
     tags
 }
 
-/// Parses `--extra-tags k=v,k2=v2`.
+/// Parses `--extra-tags k=v,k2=v2`; an entry with a reserved key is
+/// refused or left out as `invalid` says.
 ///
 /// # Errors
-/// A message for an entry without `=` or with a reserved key.
-pub fn parse_extra(text: &str) -> Result<Tags, String> {
-    text.split(',')
-        .filter(|e| !e.trim().is_empty())
-        .map(|entry| {
-            let (k, v) = entry
-                .split_once('=')
-                .ok_or_else(|| format!("extra tag {entry:?} is not key=value"))?;
-            check_key(k.trim()).map_err(|e| e.to_string())?;
-            Ok((k.trim().to_owned(), v.trim().to_owned()))
-        })
-        .collect()
+/// A message for an entry without `=`, or with a reserved key under
+/// [`InvalidTags::Refuse`].
+pub fn parse_extra(text: &str, invalid: InvalidTags) -> Result<Tags, String> {
+    let mut tags = Tags::new();
+    for entry in text.split(',').filter(|e| !e.trim().is_empty()) {
+        let (k, v) = entry
+            .split_once('=')
+            .ok_or_else(|| format!("extra tag {entry:?} is not key=value"))?;
+        let (k, v) = (k.trim(), v.trim());
+        if let Some(()) = invalid.take(check_key(k)).map_err(|e| e.to_string())? {
+            tags.insert(k.to_owned(), v.to_owned());
+        }
+    }
+    Ok(tags)
 }
 
 #[cfg(test)]
@@ -150,7 +185,7 @@ mod tests {
 
     #[test]
     fn builds_common_tags() {
-        let extra = parse_extra("team=storage, env=prod").unwrap();
+        let extra = parse_extra("team=storage, env=prod", InvalidTags::Refuse).unwrap();
         let tags = common(Some("prod-1"), "pvc-1", &extra);
         let expected: Tags = [
             ("ebs.csi.aws.com/cluster", "true"),
@@ -170,8 +205,10 @@ mod tests {
             1,
             "no cluster id: the marker alone"
         );
-        assert!(parse_extra("broken").is_err());
-        assert!(parse_extra("CSIVolumeName=x").is_err());
-        assert!(parse_extra("ebs.csi.aws.com/cluster-name=other").is_err());
+        assert!(parse_extra("broken", InvalidTags::Skip).is_err(), "not a tag at all");
+        assert!(parse_extra("CSIVolumeName=x", InvalidTags::Refuse).is_err());
+        assert!(parse_extra("ebs.csi.aws.com/cluster-name=other", InvalidTags::Refuse).is_err());
+        let kept = parse_extra("CSIVolumeName=x,team=storage", InvalidTags::Skip).unwrap();
+        assert_eq!(kept, Tags::from([("team".to_owned(), "storage".to_owned())]));
     }
 }

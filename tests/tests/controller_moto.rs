@@ -115,13 +115,14 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
         "team=storage",
         "--http-endpoint",
         "127.0.0.1:0",
-        // klog's flags and options of the Go driver its manifests and
-        // chart pass, which mean nothing here.
+        // The Go driver's --warn-on-invalid-tag (its effect: the service's
+        // tests), then klog's flags and an option of the Go driver its
+        // manifests and chart pass, which mean nothing here.
+        "--warn-on-invalid-tag",
         "--logtostderr",
         "--v=2",
         "--log_file_max_size",
         "1800",
-        "--warn-on-invalid-tag",
         "--enable-otel-tracing=true",
     ])
     .await;
@@ -172,7 +173,6 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
     for flag in [
         "--logtostderr=true",
         "--log_file_max_size=1800",
-        "--warn-on-invalid-tag=true",
         "--enable-otel-tracing=true",
     ] {
         assert!(
@@ -426,12 +426,8 @@ async fn invalid_requests_are_refused_before_a_volume_is_asked_of_ec2() {
 /// gp3 throughput is taken.
 #[tokio::test(flavor = "multi_thread")]
 async fn ec2_judges_throughput_and_its_refusal_reaches_the_co() {
-    let Setup {
-        moto,
-        mut client,
-        controller: _controller,
-        _sandbox,
-    } = setup(&[]).await;
+    let world = setup(&[]).await;
+    let (moto, mut client) = (&world.moto, world.client.clone());
     for (parameters, refusal) in [
         (
             vec![("type", "gp3"), ("throughput", "3000")],

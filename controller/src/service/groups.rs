@@ -116,7 +116,7 @@ impl<E: Ec2> ControllerService<E> {
                 "source_volume_ids must name each volume once".into(),
             ));
         }
-        let class_tags = parameters::group_snapshot(&r.parameters)?;
+        let class_tags = parameters::group_snapshot(&r.parameters, self.settings.invalid_tags)?;
         let _guard = self.in_flight.acquire(name)?;
         let mut members = self.members(name).await?;
         if let Some(other) = members.iter().find(|s| !wanted.contains(s.volume_id.as_str())) {

@@ -33,6 +33,7 @@ use crate::ec2::Tags;
 use crate::ec2::batch::{BatchConfig, Describer};
 use crate::error::ControllerError;
 use crate::metrics::DetachPending;
+use crate::tags::InvalidTags;
 use ebs_cards::EbsCards;
 use iops_ceiling::IopsCeilings;
 use modify::Coalescer;
@@ -47,6 +48,8 @@ pub struct Settings {
     pub cluster_id: Option<String>,
     /// `--extra-tags`: added to every volume and snapshot.
     pub extra_tags: Tags,
+    /// `--warn-on-invalid-tag`: what a class's invalid tag does.
+    pub invalid_tags: InvalidTags,
     /// `--batching` and its window.
     pub batch: BatchConfig,
     /// `--modify-volume-request-handler-timeout`: how long modification
@@ -68,6 +71,7 @@ impl Default for Settings {
         Self {
             cluster_id: None,
             extra_tags: Tags::new(),
+            invalid_tags: InvalidTags::Refuse,
             batch: BatchConfig::default(),
             modify_window: Duration::from_secs(2),
             create_timeout: Duration::from_secs(300),

@@ -189,7 +189,7 @@ impl<E: Ec2> ControllerService<E> {
         r: ControllerModifyVolumeRequest,
     ) -> Result<ControllerModifyVolumeResponse, ControllerError> {
         let volume_id = required("volume_id", &r.volume_id)?;
-        let m = parameters::mutation(&r.mutable_parameters)?;
+        let m = parameters::mutation(&r.mutable_parameters, self.settings.invalid_tags)?;
         let volume = self.existing(volume_id).await?;
         let kind = volume_type::lookup(m.volume_type.as_deref().unwrap_or(&volume.volume_type))?;
         let iops = if m.iops.is_some() || m.iops_per_gib.is_some() {

@@ -33,7 +33,7 @@ impl<E: Ec2> ControllerService<E> {
     pub(super) async fn snapshot(&self, r: CreateSnapshotRequest) -> Result<CreateSnapshotResponse, ControllerError> {
         let volume_id = required("source_volume_id", &r.source_volume_id)?;
         let name = required("name", &r.name)?;
-        let p = parameters::snapshot(&r.parameters)?;
+        let p = parameters::snapshot(&r.parameters, self.settings.invalid_tags)?;
         if !p.fast_restore_zones.is_empty() {
             let region: Vec<&str> = self
                 .zones

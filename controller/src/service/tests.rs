@@ -15,6 +15,7 @@ use crate::ec2::model::{Behaviour, Model};
 use crate::ec2::{AttachmentState, Initializing, VolumeState};
 use crate::error::ControllerError;
 use crate::metrics::DetachPending;
+use crate::tags::InvalidTags;
 
 mod benches;
 mod groups;
@@ -1091,4 +1092,42 @@ async fn a_repeat_answered_available_waits_until_the_volume_is_listed() {
         .unwrap();
     assert_eq!(model.volume(&again), None, "deleted, not leaked");
     assert_eq!(model.calls("CreateVolume"), 2);
+}
+
+/// `--warn-on-invalid-tag` (the Go driver's): a class's tag whose template
+/// fails or whose key is reserved is refused by default, nothing created;
+/// with the flag it is left out and the volume is made with the others.
+#[tokio::test]
+async fn an_invalid_tag_is_refused_or_left_out_as_the_flag_says() {
+    let model = Arc::new(Model::new(Behaviour::default()));
+    let parameters = [
+        ("tagSpecification_1", "team=storage"),
+        ("tagSpecification_2", "owner={{ .NoSuchField }}"),
+        ("tagSpecification_3", "CSIVolumeName=mine"),
+    ];
+    let cap = || capability(Mode::SingleNodeWriter, false);
+    let err = restarted(&model)
+        .create(request("pvc-tags", &parameters, cap()))
+        .await
+        .unwrap_err();
+    assert_eq!(code(err), Code::InvalidArgument);
+    assert_eq!(model.calls("CreateVolume"), 0);
+    let warned = ControllerService::new(
+        Arc::clone(&model),
+        Settings {
+            invalid_tags: InvalidTags::Skip,
+            ..Settings::default()
+        },
+    );
+    let id = warned
+        .create(request("pvc-tags", &parameters, cap()))
+        .await
+        .unwrap()
+        .volume
+        .unwrap()
+        .volume_id;
+    let tags = model.volume(&id).unwrap().tags;
+    assert_eq!(tags.get("team").map(String::as_str), Some("storage"));
+    assert_eq!(tags.get("owner"), None);
+    assert_eq!(tags.get("CSIVolumeName").map(String::as_str), Some("pvc-tags"));
 }

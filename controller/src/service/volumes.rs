@@ -215,7 +215,8 @@ impl<E: Ec2> ControllerService<E> {
     pub(super) async fn create(&self, r: CreateVolumeRequest) -> Result<CreateVolumeResponse, ControllerError> {
         let name = required("name", &r.name)?;
         let needs = capability::check(&r.volume_capabilities)?;
-        let p = parameters::volume(&r.parameters)?.with(parameters::mutation(&r.mutable_parameters)?);
+        let p = parameters::volume(&r.parameters, self.settings.invalid_tags)?
+            .with(parameters::mutation(&r.mutable_parameters, self.settings.invalid_tags)?);
         check_format_options(&p, &r.volume_capabilities, needs.block)?;
         let kind = volume_type::lookup(p.volume_type.as_deref().unwrap_or(volume_type::DEFAULT))?;
         if needs.multi_attach && !kind.multi_attach {

@@ -1,8 +1,8 @@
 //! Flags the Go driver's manifests and Helm chart still pass that mean
 //! nothing here: klog's (k8s.io/klog/v2 `InitFlags`), Kubernetes
 //! component-base's logging flags besides `--logging-format` and `-v`,
-//! `--kubeconfig`, and two of the Go driver's own options (`--warn-on-
-//! invalid-tag`, `--enable-otel-tracing`, `pkg/driver/options.go`). A cluster switching drivers keeps its
+//! `--kubeconfig`, and the Go driver's `--enable-otel-tracing`
+//! (`pkg/driver/options.go`). A cluster switching drivers keeps its
 //! manifests: each is accepted, hidden from `--help`, and named in a warning
 //! at start with why it has no effect here, never a start-up failure.
 
@@ -67,11 +67,6 @@ const IGNORED: &[Ignored] = &[
         "kubeconfig",
         true,
         "the Kubernetes client is the pod's own (its service account), in a cluster only",
-    ),
-    option(
-        "warn-on-invalid-tag",
-        false,
-        "an invalid tag is refused (INVALID_ARGUMENT) whatever it says",
     ),
     option(
         "enable-otel-tracing",
@@ -198,7 +193,6 @@ mod tests {
             "--kubeconfig",
             "/root/.kube/config",
             "--stderrthreshold=2",
-            "--warn-on-invalid-tag",
             "--enable-otel-tracing=true",
         ])
         .unwrap();
@@ -212,12 +206,11 @@ mod tests {
                 "--log_dir=/var/log",
                 "--stderrthreshold=2",
                 "--kubeconfig=/root/.kube/config",
-                "--warn-on-invalid-tag=true",
                 "--enable-otel-tracing=true",
             ]
         );
         assert_eq!(cli.go.given[0].1, LOGGING);
-        assert!(cli.go.given[6].1.contains("OpenTelemetry"));
+        assert!(cli.go.given[5].1.contains("OpenTelemetry"));
     }
 
     #[test]
