@@ -15,7 +15,7 @@
 //! may also neither bind nor connect a TCP socket, signal a process outside
 //! its own domain (the helper, kubelet, any other root process) nor connect
 //! to an abstract unix socket made outside it; the tools' seccomp filter
-//! denies sockets and signals on any kernel (`helper/seccomp.json`).
+//! denies sockets and signals on any kernel (`helper/policy/seccomp.json`).
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 

@@ -125,7 +125,7 @@ pub fn forbid_new_privileges() -> Result<(), HardenError> {
 }
 
 /// The seccomp policy, kept as data with a reason per system call.
-const POLICY: &str = include_str!("../seccomp.json");
+const POLICY: &str = include_str!("../policy/seccomp.json");
 
 /// Calls of the policy that only x86_64's older system call table has;
 /// aarch64 and riscv64 never had them (their libc uses `ppoll`,

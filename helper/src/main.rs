@@ -164,6 +164,9 @@ fn main() -> anyhow::Result<()> {
     //    process keeps CAP_SYS_ADMIN alone, in every thread to come, and
     //    the allowlist; it exits when the runner is gone.
     let filters = harden::seccomp_filters().context("compiling the seccomp policy")?;
+    ebs_csi_helper::options::check_policy()
+        .map_err(anyhow::Error::msg)
+        .context("reading the mount-option policy")?;
     let tool_timeout = Duration::from_secs(args.tool_timeout_seconds);
     let policy = IdentityPolicy {
         nvme_vendor_id: args.nvme_vendor_id,

@@ -60,6 +60,12 @@ fn accepts_what_real_storage_classes_carry() {
     assert_eq!(twice.data, ["commit=5", "quota"]);
 }
 
+/// The reasons helper/policy/mount-options.json gives, as a user reads them.
+const SETUID: &str = "set-user-ID files on the volume would run with their owner's rights on the node";
+const FSTAB_USERS: &str = "lets users mount it from fstab; a CSI mount has no fstab entry";
+const OPERATION: &str = "an operation of mount(8), not an option of a mount";
+const NAMES_A_DEVICE: &str = "names a device or file other than the volume, which the helper cannot prove";
+
 /// The refusal of `option` for `reason`.
 fn refused(option: &str, reason: &str) -> Result<MountOptions, HelperError> {
     Err(HelperError::MountOptionRefused(format!("{option:?} refused: {reason}")))
@@ -67,7 +73,7 @@ fn refused(option: &str, reason: &str) -> Result<MountOptions, HelperError> {
 
 #[test]
 fn refuses_what_gives_a_pod_more_than_its_volume_each_with_its_reason() {
-    let label = "the value must be an SELinux label of type container_file_t (or svirt_sandbox_file_t)";
+    let label = "the value must be an SELinux label of type container_file_t or svirt_sandbox_file_t";
     let unknown_ext4 = "not an option mount(8) or the kernel documents for ext4";
     for (fs, flags, option, reason) in [
         (Some(FsType::Ext4), "suid", "suid", SETUID),
@@ -283,4 +289,42 @@ fn splits_at_commas_outside_quotes() {
     assert_eq!(split("a,\"b,c\",d"), ["a", "\"b,c\"", "d"]);
     assert_eq!(split("a\"b,c"), ["a\"b,c"]);
     assert_eq!(split(""), [""]);
+}
+
+/// The shipped policy parses, and a refusal answers with the reason its
+/// row gives.
+#[test]
+fn the_policy_parses_and_each_refusal_carries_its_rows_reason() {
+    check_policy().unwrap();
+    let policy = Policy::from_text(POLICY_TEXT).unwrap();
+    assert!(policy.refused.len() >= 17, "{:?}", policy.refused);
+    for (option, reason) in &policy.refused {
+        let refusal = parse(Some(FsType::Ext4), &strings(&[option])).unwrap_err();
+        assert_eq!(
+            refusal,
+            HelperError::MountOptionRefused(format!("{option:?} refused: {reason}"))
+        );
+    }
+}
+
+/// A policy that does not parse, names a flag `mount(2)` does not have or
+/// refuses without a reason is no policy: the helper would not start.
+#[test]
+fn a_policy_that_is_wrong_is_refused_whole() {
+    let shipped: serde_json::Value = serde_json::from_str(POLICY_TEXT).unwrap();
+    let changed = |pointer: &str, value: serde_json::Value| {
+        let mut policy = shipped.clone();
+        *policy.pointer_mut(pointer).unwrap() = value;
+        Policy::from_text(&policy.to_string()).unwrap_err()
+    };
+    assert!(Policy::from_text("{").unwrap_err().contains("EOF"));
+    assert_eq!(
+        changed("/flags/options/ro", "READONLY".into()),
+        "ro: \"READONLY\" is not a mount(2) flag"
+    );
+    assert_eq!(
+        changed("/refused/options/suid", " ".into()),
+        "suid is refused without a reason"
+    );
+    assert!(changed("/filesystems/xfs/values/logbufs", "a number".into()).contains("did not match"));
 }
