@@ -8,8 +8,9 @@
 //! system's programs and libraries, read the few files of `/etc` the tools
 //! read (the dynamic loader's, `mke2fs.conf`, XFS's project files: nothing
 //! else of `/etc`, so not `/etc/shadow`, third audit A1), read `/proc` and
-//! `/sys`, list `/dev`, use `/dev/null` and the random devices, and open the
-//! one objects it acts on — the verified device (blkid and `xfs_growfs`
+//! `/sys`, list `/dev`, use `/dev/null` and the random devices — the paths
+//! and rights of the policy `helper/policy/landlock.json`, each with why —
+//! and open the one objects it acts on — the verified device (blkid and `xfs_growfs`
 //! read it, mkfs writes it), and for `xfs_growfs` the verified mount's root
 //! — and nothing else. Where the kernel has them (Landlock ABI 4 and 6), it
 //! may also neither bind nor connect a TCP socket, signal a process outside
@@ -17,12 +18,15 @@
 //! to an abstract unix socket made outside it; the tools' seccomp filter
 //! denies sockets and signals on any kernel (`helper/policy/seccomp.json`).
 
+use std::collections::BTreeMap;
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::LazyLock;
 
 use landlock::{
     ABI, Access, AccessFs, AccessNet, BitFlags, PathBeneath, Ruleset, RulesetAttr, RulesetCreatedAttr, Scope,
 };
 use rustix::fs::{Mode, OFlags};
+use serde::Deserialize;
 
 use crate::exec::Tool;
 
@@ -35,35 +39,66 @@ use crate::exec::Tool;
 /// landlock(7)).
 const HANDLED: ABI = ABI::V7;
 
-/// The system's files every tool needs, and the rights on each; a path
-/// this machine does not have is left out. Of `/etc`, what the tools were
-/// seen to open (strace, Debian 12: util-linux 2.38, e2fsprogs 1.47,
-/// xfsprogs 6.1): the dynamic loader's cache and preload list, mke2fs's
-/// configuration (without it mkfs.ext* takes other defaults) and the XFS
-/// project files `xfs_growfs` reads.
-const SYSTEM: [(&str, BitFlags<AccessFs>); 15] = {
-    use landlock::make_bitflags;
-    let programs = make_bitflags!(AccessFs::{ReadFile | ReadDir | Execute});
-    let files = make_bitflags!(AccessFs::{ReadFile | ReadDir});
-    let file = make_bitflags!(AccessFs::{ReadFile});
-    [
-        ("/usr", programs),
-        ("/lib", programs),
-        ("/lib64", programs),
-        ("/bin", programs),
-        ("/sbin", programs),
-        ("/etc/ld.so.cache", file),
-        ("/etc/ld.so.preload", file),
-        ("/etc/mke2fs.conf", file),
-        ("/etc/projects", file),
-        ("/etc/projid", file),
-        ("/proc", files),
-        ("/sys", files),
-        ("/dev", make_bitflags!(AccessFs::{ReadDir})),
-        ("/dev/null", make_bitflags!(AccessFs::{ReadFile | WriteFile})),
-        ("/dev/urandom", make_bitflags!(AccessFs::{ReadFile})),
-    ]
-};
+/// The policy as reviewed data: the system's paths every tool may open,
+/// the rights on each and why.
+const POLICY_TEXT: &str = include_str!("../policy/landlock.json");
+
+/// The system's paths and the rights on each.
+type SystemPaths = Vec<(String, BitFlags<AccessFs>)>;
+
+/// [`SystemPaths`], parsed once; [`check_policy`] at start stops a helper
+/// whose policy does not parse.
+static SYSTEM: LazyLock<Result<SystemPaths, String>> = LazyLock::new(|| system_paths(POLICY_TEXT));
+
+/// helper/policy/landlock.json (its `about` is for the reader).
+#[derive(Debug, Deserialize)]
+struct Text {
+    paths: BTreeMap<String, Rule>,
+}
+
+/// One path's rights, by the landlock crate's `AccessFs` names, and why.
+#[derive(Debug, Deserialize)]
+struct Rule {
+    rights: Vec<String>,
+    why: String,
+}
+
+/// The paths and rights `text` gives.
+///
+/// # Errors
+/// The JSON error, a right Landlock does not have, or a path allowed
+/// without a reason.
+fn system_paths(text: &str) -> Result<SystemPaths, String> {
+    let text: Text = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    text.paths
+        .into_iter()
+        .map(|(path, rule)| {
+            if rule.why.trim().is_empty() {
+                return Err(format!("{path} is allowed without a reason"));
+            }
+            let rights = rule
+                .rights
+                .iter()
+                .map(|name| {
+                    AccessFs::from_all(HANDLED)
+                        .iter()
+                        .find(|right| format!("{right:?}") == *name)
+                        .ok_or_else(|| format!("{path}: {name:?} is not a Landlock right"))
+                })
+                .collect::<Result<BitFlags<AccessFs>, String>>()?;
+            Ok((path, rights))
+        })
+        .collect()
+}
+
+/// Parses the Landlock policy, so that one that does not parse stops the
+/// helper at start.
+///
+/// # Errors
+/// Why it does not parse.
+pub fn check_policy() -> Result<(), String> {
+    SYSTEM.as_ref().map(drop).map_err(Clone::clone)
+}
 
 /// The rights `tool` has on the verified device.
 fn on_device(tool: Tool) -> BitFlags<AccessFs> {
@@ -94,9 +129,9 @@ pub fn ruleset(
         .handle_access(AccessNet::from_all(HANDLED))?
         .scope(Scope::from_all(HANDLED))?
         .create()?;
-    for (path, rights) in SYSTEM {
-        match rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty()) {
-            Ok(fd) => ruleset = ruleset.add_rule(PathBeneath::new(fd, rights))?,
+    for (path, rights) in SYSTEM.as_ref().map_err(Clone::clone)? {
+        match rustix::fs::open(path.as_str(), OFlags::PATH | OFlags::CLOEXEC, Mode::empty()) {
+            Ok(fd) => ruleset = ruleset.add_rule(PathBeneath::new(fd, *rights))?,
             Err(rustix::io::Errno::NOENT) => {}
             Err(e) => return Err(e.into()),
         }
@@ -123,6 +158,25 @@ mod tests {
     use std::os::fd::{AsFd, AsRawFd};
 
     use super::*;
+
+    /// The shipped policy parses; one that names a right Landlock does not
+    /// have or allows a path without a reason is no policy.
+    #[test]
+    fn the_policy_parses_and_a_wrong_one_is_refused_whole() {
+        check_policy().unwrap();
+        let paths = system_paths(POLICY_TEXT).unwrap();
+        assert!(paths.contains(&("/etc/mke2fs.conf".to_owned(), BitFlags::from(AccessFs::ReadFile))));
+        let wrong = POLICY_TEXT.replace("\"Execute\"", "\"Run\"");
+        assert_eq!(
+            system_paths(&wrong).unwrap_err(),
+            "/bin: \"Run\" is not a Landlock right"
+        );
+        let unexplained = POLICY_TEXT.replace("\"the dynamic loader's cache\"", "\" \"");
+        assert_eq!(
+            system_paths(&unexplained).unwrap_err(),
+            "/etc/ld.so.cache is allowed without a reason"
+        );
+    }
 
     /// As any user: a thread under blkid's ruleset reads the system's
     /// files and its device, and cannot write either, read the rest of

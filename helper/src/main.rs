@@ -167,6 +167,9 @@ fn main() -> anyhow::Result<()> {
     ebs_csi_helper::options::check_policy()
         .map_err(anyhow::Error::msg)
         .context("reading the mount-option policy")?;
+    ebs_csi_helper::confine::check_policy()
+        .map_err(anyhow::Error::msg)
+        .context("reading the Landlock policy")?;
     let tool_timeout = Duration::from_secs(args.tool_timeout_seconds);
     let policy = IdentityPolicy {
         nvme_vendor_id: args.nvme_vendor_id,
