@@ -239,14 +239,40 @@ impl Moto {
     /// Stops recording and returns the bodies (form-encoded, as sent) of
     /// the recorded requests whose action starts with `prefix`.
     pub fn recorded_bodies(&self, prefix: &str) -> Vec<String> {
+        self.recorded_requests(prefix)
+            .into_iter()
+            .map(|(body, _)| body)
+            .collect()
+    }
+
+    /// Stops recording and returns the `User-Agent` header of each recorded
+    /// request whose action starts with `prefix`.
+    pub fn recorded_user_agents(&self, prefix: &str) -> Vec<String> {
+        self.recorded_requests(prefix)
+            .into_iter()
+            .map(|(_, user_agent)| user_agent)
+            .collect()
+    }
+
+    /// Stops recording and returns each recorded request whose action
+    /// starts with `prefix`: its body and its `User-Agent` header (moto's
+    /// recording: a JSON object a line).
+    fn recorded_requests(&self, prefix: &str) -> Vec<(String, String)> {
         self.http("POST", "/moto-api/recorder/stop-recording", "")
             .expect("stop recording");
         let log = self
             .http("GET", "/moto-api/recorder/download-recording", "")
             .expect("recording");
         log.lines()
-            .filter_map(|line| line.split("\"body\": \"").nth(1)?.split('"').next().map(base64_decode))
-            .filter(|body| body.starts_with(&format!("Action={prefix}")))
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .map(|entry| {
+                let text = |value: &serde_json::Value| value.as_str().unwrap_or_default().to_owned();
+                (
+                    base64_decode(&text(&entry["body"])),
+                    text(&entry["headers"]["User-Agent"]),
+                )
+            })
+            .filter(|(body, _)| body.starts_with(&format!("Action={prefix}")))
             .collect()
     }
 }

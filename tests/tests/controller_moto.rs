@@ -485,6 +485,35 @@ async fn ec2_judges_throughput_and_its_refusal_reaches_the_co() {
     assert_eq!(xml_values(&xml, "iops"), vec!["8000"], "the refused change was applied");
 }
 
+/// Flags and a class key of the Go driver's, as a cluster that switches
+/// keeps them: the deprecated `--extra-volume-tags` tags volumes as
+/// `--extra-tags` does, `--user-agent-extra` is in every EC2 call's
+/// User-Agent (the SDK's `app/` part), and a VolumeAttributesClass's
+/// `iopsPerGB` sets the IOPS for the volume's size and is recorded on it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_go_drivers_extra_volume_tags_user_agent_and_class_iops_per_gb() {
+    let world = setup(&["--extra-volume-tags", "team=legacy", "--user-agent-extra", "helm"]).await;
+    let (moto, mut client) = (&world.moto, world.client.clone());
+    moto.start_recording();
+    let volume = created(&mut client, create_request("pvc-go-flags", 40, &[("type", "gp3")])).await;
+    let agents = moto.recorded_user_agents("CreateVolume");
+    assert!(
+        !agents.is_empty()
+            && agents
+                .iter()
+                .all(|agent| agent.split(' ').any(|part| part == "app/helm")),
+        "{agents:?}"
+    );
+    let modify = ControllerModifyVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        mutable_parameters: HashMap::from([("iopsPerGB".to_owned(), "100".to_owned())]),
+        ..Default::default()
+    };
+    client.controller_modify_volume(modify).await.unwrap();
+    let xml = moto.volume_once(REGION, &volume.volume_id, |xml| xml.contains("<iops>4000</iops>"));
+    assert_tags(&xml, &[("team", "legacy"), ("ebs.csi.aws.com/IOPSPerGb", "100")]);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn volumes_are_attached_and_detached() {
     let Setup {
