@@ -1,9 +1,10 @@
 //! The devices busy beyond one request's lock.
 //!
-//! A format runs outside the handler's exclusive lock (so several volumes
-//! can be formatted at once); its device is claimed meanwhile, and every
-//! request that names a claimed device is refused with
-//! [`HelperError::InProgress`] rather than probing or mounting a
+//! Stage's probe and format run outside the handler's exclusive lock (so
+//! several volumes can be probed and formatted at once, and a device whose
+//! reads stall holds no other volume's request); the device is claimed
+//! meanwhile, and every request that names a claimed device is refused
+//! with [`HelperError::InProgress`] rather than probing or mounting a
 //! half-written filesystem. The executor keeps a second set: devices with
 //! a read that outlived its request (a killed tool not yet ended, the
 //! blank proof's thread), on which no tool or proof starts until it ends.

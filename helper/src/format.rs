@@ -88,8 +88,7 @@ pub fn probe(executor: &Executor, device: &VerifiedDevice) -> Result<Contents, H
 }
 
 /// [`prove_zero`] on a thread of its own, waited for at most `limit`: a
-/// device whose reads stall holds the operation lock no longer than a
-/// tool may run. The thread, blocked in a read, ends when the read does,
+/// device whose reads stall holds its Stage no longer than a tool may run. The thread, blocked in a read, ends when the read does,
 /// and releases the device's `claim` then (no tool or proof starts on it
 /// meanwhile).
 fn prove_zero_within(device: &VerifiedDevice, size: u64, limit: Duration, claim: Claim) -> Result<Contents, NotProven> {

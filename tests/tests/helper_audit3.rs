@@ -254,6 +254,52 @@ fn a_blank_proof_whose_reads_stall_ends_at_the_time_limit() {
     assert_only_stalled_reads(&seen, &stalled);
 }
 
+/// A probe runs outside the helper's lock, its device claimed: while one
+/// volume's blank proof waits on reads that do not answer (a 30 s tool
+/// limit), another volume is staged at once, and a second Stage of the
+/// first is answered at once that its device is in use; the first is then
+/// answered at its limit. Before, each Stage waited for the lock behind the
+/// stalled proof, as 32 volumes staged at once waited for each other's.
+#[test]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, FUSE, the helper")]
+fn a_stalled_probe_holds_no_other_volumes_stage() {
+    require_root();
+    const SERVED: &str = "vol-0c12c12c12c12c12c";
+    let sandbox = Sandbox::new();
+    let stalling;
+    let helper = Helper::start(&sandbox, &["--tool-timeout-seconds", "30"]);
+    let stalled = (7 << 20)..(8 << 20);
+    let disk = StalledFile::mount(
+        &sandbox.path().join("fuse"),
+        &format!("{STALLS}.img"),
+        64 << 20,
+        stalled,
+    );
+    stalling = LoopVolume::attach_file(STALLS, disk.file());
+    let staging = sandbox.staging(STALLS);
+    let first = helper.call_in_background(stage_request(STALLS, &stalling.device, &staging, FsType::Ext4, &[]));
+    wait_until("the proof's stalled read", Duration::from_secs(20), || {
+        disk.seen().contains("stalled read")
+    });
+    let started = std::time::Instant::now();
+    let served = LoopVolume::create(sandbox.path(), SERVED, 64);
+    let served_staging = sandbox.staging(SERVED);
+    let request = stage_request(SERVED, &served.device, &served_staging, FsType::Ext4, &[]);
+    assert_eq!(helper.call(request).unwrap(), Reply::Done);
+    assert!(is_mounted(&served_staging));
+    let again = helper.call(stage_request(STALLS, &stalling.device, &staging, FsType::Ext4, &[]));
+    let device = stalling.device.display().to_string();
+    assert!(
+        matches!(again, Err(ClientError::Helper(HelperError::InProgress { device: ref d })) if *d == device),
+        "{again:?}"
+    );
+    assert!(!first.is_finished(), "the stalled Stage ended early");
+    assert!(started.elapsed() < Duration::from_secs(20), "{:?}", started.elapsed());
+    drop(disk);
+    assert!(first.join().unwrap().is_err());
+    assert!(!is_mounted(&staging));
+}
+
 /// The volume on the disk that stalls.
 const STALLS: &str = "vol-0a12a12a12a12a12a";
 /// What the helper logs when a tool it killed past its time limit has

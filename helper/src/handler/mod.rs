@@ -33,8 +33,9 @@ use crate::path::{AllowedRoots, SafePath, open_beneath};
 /// Serves requests with a fixed configuration.
 ///
 /// Requests run one at a time under an exclusive lock, so two can never
-/// race on the same path or device; the one exception is `mkfs`, which
-/// runs outside the lock with its device claimed (see [`crate::claim`]).
+/// race on the same path or device; the one exception is Stage's probe and
+/// `mkfs`, which run outside the lock with their device claimed (see
+/// [`crate::claim`]).
 #[derive(Debug)]
 pub struct Handler {
     roots: AllowedRoots,

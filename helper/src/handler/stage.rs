@@ -1,8 +1,8 @@
 //! Stage (`docs/helper.md`, "Stage"), as a plan: the request's form; under
-//! the lock, the staging directory and the device proved, then what the
-//! device holds decides — mount (and grow) the requested filesystem, or
-//! format a device proved blank (outside the lock, the device claimed) and
-//! mount what was made, after proving the same again under the lock.
+//! the lock, the staging directory and the device proved; outside it, the
+//! device claimed, what it holds decides — the requested filesystem, or a
+//! device proved blank, formatted; under the lock again, the same proved
+//! again, the filesystem mounted (and grown, when it was found).
 
 use std::os::fd::{AsFd, OwnedFd};
 
@@ -45,12 +45,20 @@ impl Handler {
             return Ok(Reply::Done);
         };
         self.refuse_at_mount_limit(&mounts, &staging)?;
-        // 7. What the device holds decides.
-        match self.kernel.probe(&device)? {
-            Contents::Filesystem(found) if found == r.fs_type.name() => {
-                return self.mount_staged(r, &options, &staging, dir, &device, Grow::IfSmaller);
+        // 7. Outside the lock, the device claimed (no other request acts
+        // on it meanwhile; verified again before each tool): what it holds
+        // decides — mount and grow the requested filesystem, or format a
+        // device proved blank. Probes of other devices run meanwhile.
+        drop((dir, mounts));
+        let claim = self.claims.claim(device.number, &device.path())?;
+        drop(exclusive);
+        let grow = match self.kernel.probe(&device)? {
+            Contents::Filesystem(found) if found == r.fs_type.name() => Grow::IfSmaller,
+            Contents::Blank => {
+                tracing::info!(volume_id = %r.volume_id, device = ?device.path(), fs_type = r.fs_type.name(), "format");
+                self.kernel.format(r.fs_type, &r.format, &device)?;
+                Grow::No
             }
-            Contents::Blank => {}
             Contents::Filesystem(found) | Contents::Other(found) => {
                 return Err(HelperError::FilesystemMismatch {
                     device: device.path(),
@@ -58,18 +66,11 @@ impl Handler {
                     requested: r.fs_type.name().to_owned(),
                 });
             }
-        }
-        // 8. Proved blank: formatted outside the lock, the device claimed
-        // (verified again right before and after mkfs).
-        drop((dir, mounts));
-        let claim = self.claims.claim(device.number, &device.path())?;
-        drop(exclusive);
-        tracing::info!(volume_id = %r.volume_id, device = ?device.path(), fs_type = r.fs_type.name(), "format");
-        self.kernel.format(r.fs_type, &r.format, &device)?;
+        };
         let _exclusive = self.lock();
         drop(claim);
-        // 9. Under the lock again: the same device, the staging directory
-        // as it is now; then the new filesystem mounted.
+        // 8. Under the lock again: the same device, the staging directory
+        // as it is now; then the filesystem mounted.
         let (dir, node) = self.open_existing(&staging, FileType::Directory)?;
         let mounts = self.kernel.mounts()?;
         self.kernel.reverify(&device)?;
@@ -77,7 +78,7 @@ impl Handler {
             return Ok(Reply::Done);
         };
         self.refuse_at_mount_limit(&mounts, &staging)?;
-        self.mount_staged(r, &options, &staging, dir, &device, Grow::No)
+        self.mount_staged(r, &options, &staging, dir, &device, grow)
     }
 
     /// Mounts the `r.fs_type` filesystem on `device` (checked on the new

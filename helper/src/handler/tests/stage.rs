@@ -314,10 +314,11 @@ fn a_new_mount_is_checked_before_it_is_attached() {
     world
         .fake
         .device(DEVICE, |d| d.contents = Contents::Filesystem("ext4".into()));
-    // The check right after the mount: the second proof of the request.
+    // The check right after the mount (the request's third proof: the
+    // second is under the lock again, after the probe).
     world
         .fake
-        .fail(Step::Reverify, 0, device_refused(DEVICE, Refusal::Changed));
+        .fail(Step::Reverify, 1, device_refused(DEVICE, Refusal::Changed));
     assert_eq!(
         world.handle(stage(&world)),
         Err(device_refused(DEVICE, Refusal::Changed))
