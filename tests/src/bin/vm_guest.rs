@@ -51,6 +51,7 @@ async fn main() {
     let mut helper = start_helper(
         HELPER_SOCKET,
         &["--nvme-model", "QEMU NVMe Ctrl", "--nvme-vendor-id", "0x1b36"],
+        Stdio::inherit(),
     );
     let mut agent = start_agent();
     let mut node = NodeClient::new(channel(Path::new(CSI_SOCKET)).await);
@@ -194,7 +195,7 @@ fn refuses_other_devices() {
         assert_device_refused(HELPER_SOCKET, BOOT_VOLUMES[2], device);
     }
     let ebs_only_socket = "/run/ebs-csi/ebs-only.sock";
-    let mut ebs_only = start_helper(ebs_only_socket, &[]);
+    let mut ebs_only = start_helper(ebs_only_socket, &[], Stdio::inherit());
     let (_, own_disk) = wait_for_disk(&serial(other), Duration::ZERO).unwrap();
     assert_device_refused(ebs_only_socket, other, &own_disk);
     let _ = ebs_only.kill();
@@ -215,7 +216,10 @@ fn refuses_other_devices() {
 fn a_disk_replaced_while_its_format_waits() {
     let socket = "/run/ebs-csi/one-formatter.sock";
     let qemu = ["--nvme-model", "QEMU NVMe Ctrl", "--nvme-vendor-id", "0x1b36"];
-    let mut helper = start_helper(socket, &[&qemu[..], &["--max-parallel-formats", "1"]].concat());
+    // Its log says when a Stage's format waits for the formatter.
+    let log = "/run/ebs-csi/one-formatter.log";
+    let stderr = Stdio::from(std::fs::File::create(log).unwrap());
+    let mut helper = start_helper(socket, &[&qemu[..], &["--max-parallel-formats", "1"]].concat(), stderr);
     let (blocker, x, y) = (
         "vol-04444444444444444",
         "vol-05555555555555555",
@@ -249,14 +253,26 @@ fn a_disk_replaced_while_its_format_waits() {
         device: x_device.display().to_string(),
         volume_path: make_staging(x).display().to_string(),
     });
+    // X's probe runs with its device claimed, and its format, after it,
+    // waits for the formatter: X is refused to others (InProgress) from
+    // the start, and its format is queued once the helper logs it.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !matches!(
-        call(probe.clone()).join().unwrap(),
-        Err(ClientError::Helper(HelperError::InProgress { .. }))
-    ) {
-        assert!(Instant::now() < deadline, "the format of {x} never queued");
+    let format = format!("format volume_id={x}");
+    while !std::fs::read_to_string(log).unwrap_or_default().contains(&format) {
+        assert!(
+            Instant::now() < deadline,
+            "the format of {x} never queued: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
+    assert!(
+        matches!(
+            call(probe).join().unwrap(),
+            Err(ClientError::Helper(HelperError::InProgress { .. }))
+        ),
+        "{x} is not claimed while its format waits"
+    );
     println!("@@UNPLUG hp5");
     while find_controller(&serial(x)).is_some() {
         assert!(Instant::now() < deadline, "{x} was not unplugged");
@@ -465,8 +481,9 @@ fn assert_device_refused(socket: &str, volume_id: &str, device: &Path) {
 }
 
 /// Starts a helper on `socket` for the agent's uid, with `identity`
-/// flags (`--nvme-model`, `--nvme-vendor-id`; none: EBS's).
-fn start_helper(socket: &str, identity: &[&str]) -> Child {
+/// flags (`--nvme-model`, `--nvme-vendor-id`; none: EBS's), its log to
+/// `stderr`.
+fn start_helper(socket: &str, identity: &[&str], stderr: Stdio) -> Child {
     std::fs::create_dir_all("/run/ebs-csi").unwrap();
     std::fs::create_dir_all(KUBELET).unwrap();
     let uid = AGENT_UID.to_string();
@@ -483,6 +500,7 @@ fn start_helper(socket: &str, identity: &[&str]) -> Child {
         ])
         .args(identity)
         .stdout(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     wait_for_socket(Path::new(socket), child.id());
