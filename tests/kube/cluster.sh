@@ -309,8 +309,19 @@ down() {
     for point in $(awk -v d="$dir/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do
         umount -l "$point" 2>/dev/null
     done
+    # A container's processes outlive a shim killed above (they are not in
+    # its process group), and one being stopped may not have exited yet: a
+    # pod's cgroup is removed only once empty, so every process left in
+    # the pods' cgroups is ended and waited for (up to 5 s) first.
     for hierarchy in /sys/fs/cgroup/*/; do
-        [ -d "${hierarchy}kubepods" ] && find "${hierarchy}kubepods" -depth -type d -exec rmdir {} + 2>/dev/null
+        [ -d "${hierarchy}kubepods" ] || continue
+        for _ in $(seq 50); do
+            pids=$(find "${hierarchy}kubepods" -name cgroup.procs -exec cat {} + 2>/dev/null)
+            [ -z "$pids" ] && break
+            kill -9 $pids 2>/dev/null
+            sleep 0.1
+        done
+        find "${hierarchy}kubepods" -depth -type d -exec rmdir {} + 2>/dev/null
     done
     [ -f "$dir/dev-was-private" ] && mount --make-private /dev
     ip addr del "$NODE_IP/32" dev lo 2>/dev/null

@@ -316,10 +316,15 @@ pub struct Namespace<'a> {
     name: String,
 }
 
-impl Namespace<'_> {
+impl<'a> Namespace<'a> {
     /// The namespace's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The cluster it is a namespace of.
+    pub fn cluster(&self) -> &'a Cluster {
+        self.cluster
     }
 
     /// `kubectl --namespace NAME ARGS` ([`Cluster::kubectl`]).

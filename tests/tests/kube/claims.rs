@@ -20,7 +20,7 @@ use ebs_csi_tests::moto::REGION;
 /// filesystem is XFS: online ext4 growth needs `CAP_SYS_RESOURCE`, which
 /// this project's machines withhold even from root (README, "Known
 /// limitations"; `node_lifecycle.rs` checks ext4's refusal there).
-const CLASSES: &str = r#"
+pub const CLASSES: &str = r#"
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
 metadata: {name: ebs-gp3-xfs}
@@ -104,14 +104,10 @@ fn filesystem_kib(ns: &Namespace<'_>, name: &str, path: &str) -> u64 {
         .unwrap_or_else(|| panic!("df: {df}"))
 }
 
-/// Both scenarios, one after the other, in `ns`.
-pub fn what_a_claim_asks_for_reaches_its_pod(ns: &Namespace<'_>, driver: &Driver) {
-    ns.apply(CLASSES);
-    a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(ns, driver);
-    block_single_pod_and_fs_group_claims_reach_their_pods_as_asked(ns);
-}
-
-fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(ns: &Namespace<'_>, driver: &Driver) {
+/// A claim grown while mounted, changed to another VolumeAttributesClass,
+/// snapshotted and restored, and with a second claim snapshotted as a
+/// group and restored, in `ns` ([`CLASSES`] applied).
+pub fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(ns: &Namespace<'_>, driver: &Driver) {
     ns.apply(&claim("data", "1Gi", &json!({})));
     ns.apply(&claim("logs", "1Gi", &json!({})));
     running_pod(ns, "app", &[("data", "/data"), ("logs", "/logs")]);
@@ -246,7 +242,10 @@ fn a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(ns: &N
     );
 }
 
-fn block_single_pod_and_fs_group_claims_reach_their_pods_as_asked(ns: &Namespace<'_>) {
+/// A raw block claim, a ReadWriteOncePod claim and a claim given to a
+/// pod's fsGroup, each reaching its pods as asked, in `ns` ([`CLASSES`]
+/// applied).
+pub fn block_single_pod_and_fs_group_claims_reach_their_pods_as_asked(ns: &Namespace<'_>) {
     // A raw block claim: the device itself, never formatted, kept across pods.
     ns.apply(&claim("block", "1Gi", &json!({"volumeMode": "Block"})));
     let write = "head -c 4096 /dev/xvdb | tr -d '\\0' | wc -c && blockdev --getsize64 /dev/xvdb \

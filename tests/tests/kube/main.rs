@@ -3,18 +3,20 @@
 //! chart with the real sidecars, EC2 as moto behind serve.py with the attach
 //! simulator playing the instance's hypervisor.
 //!
-//! One test on one cluster: a cluster and the chart take about 35 s to
+//! One test on one cluster: a cluster and the chart take about 25 s to
 //! start and only one can run on a machine, so the scenarios share them.
 //! The chart's checks and the cluster's own come first; then the claims'
 //! scenarios (`claims.rs`) run beside the volume's life and the refusals
 //! (`volumes.rs`), each in a namespace of its own, with their checks of
-//! what is left scoped to it; what no scenario may leave (a
-//! PersistentVolume, a VolumeAttachment, a CSI mount, a device) and the
-//! driver's logs are checked once all have ended. Last, the chart is
-//! upgraded to the `hardened` overlay with the helper on the host
-//! (`hardened.rs`), the claims' scenarios, the volume's life and the
-//! refusals run again through it, the same checks follow, and the
-//! cluster, torn down, must leave nothing behind.
+//! what is left scoped to it; then the node's life (`node_life.rs`), one
+//! scenario after another, since each disturbs the whole node. What no
+//! scenario may leave (a PersistentVolume, a VolumeAttachment, a CSI
+//! mount, a device) and the driver's logs are checked once all have ended.
+//! Then the chart is upgraded to the `hardened` overlay with the helper on
+//! the host (`hardened.rs`), every scenario runs again through it (the
+//! host's helper restarted with the node pod), the same checks follow, and
+//! the cluster, torn down, must leave nothing behind. Each step's time is
+//! printed, for a run that fails.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -28,7 +30,7 @@ mod hardened;
 mod node_life;
 mod volumes;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ebs_csi_tests::kube::{Cluster, Driver, driver_images, poll_until};
 use ebs_csi_tests::{mounts_under, require_root};
@@ -36,6 +38,8 @@ use ebs_csi_tests::{mounts_under, require_root};
 #[test]
 fn the_driver_serves_a_real_cluster_and_leaves_nothing() {
     require_root();
+    let started = Instant::now();
+    let step = |done: &str| eprintln!("kube: {:5.1} s: {done}", started.elapsed().as_secs_f64());
     let before = cluster::outside_state();
     // kubelet mounts a new volume only once its Node's status names it,
     // looked at every 10 s by default: each new volume's pod waited for
@@ -48,30 +52,47 @@ fn the_driver_serves_a_real_cluster_and_leaves_nothing() {
     chart::installs_the_standard_overlay(&cluster, &driver);
     // Once the agent removed the startup taint, which no pod tolerates.
     cluster::runs_a_pod_that_reaches_its_api_server_and_pulls_nothing(&cluster);
+    step("the cluster and the chart");
 
     every_claims_scenario(&cluster, &driver, "");
-    node_life::kubelet_restarted_keeps_a_mounted_volume(&cluster, &driver);
-    node_life::the_node_pod_replaced_as_a_volume_attaches(&cluster, &driver);
-    node_life::a_drain_keeps_the_node_pod_until_its_volume_detaches(&cluster, &driver);
+    step("the claims' scenarios");
+    node_life::every_scenario(&cluster, &driver, "", &mut || {});
+    step("the node's life");
     nothing_of_any_volume_is_left(&cluster, &driver);
     driver.assert_logs_are_clean(&cluster, &volumes::PROVOKED);
-    let helper = hardened::upgrade_to_the_overlay_with_the_hosts_helper(&cluster, &driver);
+
+    let mut helper = hardened::upgrade_to_the_overlay_with_the_hosts_helper(&cluster, &driver);
+    step("the upgrade to the hardened overlay");
     let volume = every_claims_scenario(&cluster, &driver, "-hardened");
-    hardened::the_hosts_helper_served(helper, &volume);
+    step("the claims' scenarios, hardened");
+    node_life::every_scenario(&cluster, &driver, "-hardened", &mut || helper.restart());
+    step("the node's life, hardened");
+    helper.served(&volume);
     nothing_of_any_volume_is_left(&cluster, &driver);
     driver.assert_logs_are_clean(&cluster, &volumes::PROVOKED);
     cluster.helm(&["uninstall", "ebs-csi", "--namespace", "kube-system", "--wait"]);
     drop(driver); // moto and the attach simulator, whose arguments name the cluster's directory
     cluster::goes_and_leaves_nothing(cluster, &before);
+    step("the teardown");
 }
 
-/// The claims' scenarios (`claims.rs`) beside the volume's life and the
+/// The claims' scenarios (`claims.rs`: a mounted claim's changes and
+/// snapshots, the kinds of claims) beside the volume's life and the
 /// refusals (`volumes.rs`), each in a namespace of its own, named with
 /// `suffix`; returns the id of the volume whose life was followed.
 fn every_claims_scenario(cluster: &Cluster, driver: &Driver, suffix: &str) -> String {
+    cluster.kubectl_with(&["apply", "-f", "-"], claims::CLASSES);
     std::thread::scope(|scope| {
-        let claims = scope.spawn(|| {
-            claims::what_a_claim_asks_for_reaches_its_pod(&cluster.namespace(&format!("claims{suffix}")), driver);
+        let changes = scope.spawn(|| {
+            claims::a_mounted_claim_grows_changes_its_class_and_is_restored_from_snapshots(
+                &cluster.namespace(&format!("claims{suffix}")),
+                driver,
+            );
+        });
+        let kinds = scope.spawn(|| {
+            claims::block_single_pod_and_fs_group_claims_reach_their_pods_as_asked(
+                &cluster.namespace(&format!("claim-kinds{suffix}")),
+            );
         });
         let volumes = scope.spawn(|| {
             let volume = volumes::a_dynamic_volume_keeps_its_data_across_pods_and_goes_with_its_claim(
@@ -84,9 +105,11 @@ fn every_claims_scenario(cluster: &Cluster, driver: &Driver, suffix: &str) -> St
             );
             volume
         });
-        let claims = claims.join();
+        let (changes, kinds) = (changes.join(), kinds.join());
         let volume = volumes.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        claims.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        changes
+            .and(kinds)
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         volume
     })
 }

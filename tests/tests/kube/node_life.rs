@@ -4,7 +4,9 @@
 //! the helper) replaced as a volume is attached, kubelet's stage waits for
 //! the new one and the pod gets its volume; a drain that ends the node pod
 //! with the pods it evicts, whose preStop keeps the node pod until their
-//! volumes are detached.
+//! volumes are detached. Under the `hardened` overlay the node pod holds
+//! no helper: the host's is restarted with it, as a package upgrade
+//! restarts both.
 
 use std::time::{Duration, Instant};
 
@@ -80,10 +82,23 @@ fn claim_goes(cluster: &Cluster, ns: &Namespace<'_>, driver: &Driver, pv: &str, 
     });
 }
 
+/// Every scenario, one after another (each disturbs the whole node), in
+/// namespaces named with `suffix`; `restart_helper` restarts the helper
+/// where the node pod does not hold it, as the node pod is replaced.
+pub fn every_scenario(cluster: &Cluster, driver: &Driver, suffix: &str, restart_helper: &mut dyn FnMut()) {
+    kubelet_restarted_keeps_a_mounted_volume(&cluster.namespace(&format!("kubelet-restart{suffix}")), driver);
+    the_node_pod_replaced_as_a_volume_attaches(
+        &cluster.namespace(&format!("node-pod-restart{suffix}")),
+        driver,
+        restart_helper,
+    );
+    a_drain_keeps_the_node_pod_until_its_volume_detaches(&cluster.namespace(&format!("drain{suffix}")), driver);
+}
+
 /// kubelet restarted with a pod's volume mounted.
-pub fn kubelet_restarted_keeps_a_mounted_volume(cluster: &Cluster, driver: &Driver) {
-    let ns = cluster.namespace("kubelet-restart");
-    let (pv, volume) = running_writer(&ns);
+fn kubelet_restarted_keeps_a_mounted_volume(ns: &Namespace<'_>, driver: &Driver) {
+    let cluster = ns.cluster();
+    let (pv, volume) = running_writer(ns);
     let mounted = mounts_of(cluster, &pv, &volume);
     assert_eq!(mounted.len(), 2, "{mounted:?}");
     let taken_down = takedowns(cluster, &volume);
@@ -100,12 +115,13 @@ pub fn kubelet_restarted_keeps_a_mounted_volume(cluster: &Cluster, driver: &Driv
         std::thread::sleep(Duration::from_secs(1));
     }
     assert_eq!(takedowns(cluster, &volume), taken_down);
-    claim_goes(cluster, &ns, driver, &pv, &volume);
+    claim_goes(cluster, ns, driver, &pv, &volume);
 }
 
-/// The node pod replaced as its volume is attached.
-pub fn the_node_pod_replaced_as_a_volume_attaches(cluster: &Cluster, driver: &Driver) {
-    let ns = cluster.namespace("node-pod-restart");
+/// The node pod replaced (and the helper restarted with it,
+/// `restart_helper`) as its volume is attached.
+fn the_node_pod_replaced_as_a_volume_attaches(ns: &Namespace<'_>, driver: &Driver, restart_helper: &mut dyn FnMut()) {
+    let cluster = ns.cluster();
     ns.apply(CLASS_AND_CLAIM);
     ns.apply(&writer("app"));
     poll_until("the claim's volume to be attached", Duration::from_secs(120), || {
@@ -127,12 +143,13 @@ pub fn the_node_pod_replaced_as_a_volume_attaches(cluster: &Cluster, driver: &Dr
         "app=ebs-csi-node",
         "--wait=false",
     ]);
+    restart_helper();
     ns.wait_for("pod", "app", "{.status.phase}", "Running", Duration::from_secs(180));
     assert_eq!(ns.exec("app", "cat /data/file"), "kept\n");
     driver.wait_until_ready(cluster);
     let pv = ns.get("pvc", "data", "{.spec.volumeName}");
     let volume = ns.get("pv", &pv, "{.spec.csi.volumeHandle}");
-    claim_goes(cluster, &ns, driver, &pv, &volume);
+    claim_goes(cluster, ns, driver, &pv, &volume);
 }
 
 /// A drain as a node's scale-down does it: the node cordoned, its pod with
@@ -142,9 +159,9 @@ pub fn the_node_pod_replaced_as_a_volume_attaches(cluster: &Cluster, driver: &Dr
 /// [`ebs_csi_tests::kube::DETACH_SECONDS`]). The node pod's preStop
 /// (`ebs-csi-agent pre-stop`) keeps it until the volume is detached: its
 /// VolumeAttachment goes while the node pod is still there.
-pub fn a_drain_keeps_the_node_pod_until_its_volume_detaches(cluster: &Cluster, driver: &Driver) {
-    let ns = cluster.namespace("drain");
-    let (pv, volume) = running_writer(&ns);
+fn a_drain_keeps_the_node_pod_until_its_volume_detaches(ns: &Namespace<'_>, driver: &Driver) {
+    let cluster = ns.cluster();
+    let (pv, volume) = running_writer(ns);
     let old = cluster.node_pods("{.items[*].metadata.name}");
 
     cluster.kubectl(&["cordon", NODE_NAME]);
@@ -156,7 +173,7 @@ pub fn a_drain_keeps_the_node_pod_until_its_volume_detaches(cluster: &Cluster, d
     });
     cluster.kubectl(&["delete", "pod", "-n", "kube-system", &old, "--wait=false"]);
     assert!(
-        volumes::attached_volumes(&ns).contains(&pv),
+        volumes::attached_volumes(ns).contains(&pv),
         "the volume was detached before the node pod was ended: nothing to wait for"
     );
     let mut detached_before_it_went = None;
@@ -165,7 +182,7 @@ pub fn a_drain_keeps_the_node_pod_until_its_volume_detaches(cluster: &Cluster, d
             .node_pods("{.items[*].metadata.name}")
             .split(' ')
             .any(|p| p == old);
-        if detached_before_it_went.is_none() && !volumes::attached_volumes(&ns).contains(&pv) {
+        if detached_before_it_went.is_none() && !volumes::attached_volumes(ns).contains(&pv) {
             detached_before_it_went = Some(there);
         }
         !there
@@ -178,5 +195,5 @@ pub fn a_drain_keeps_the_node_pod_until_its_volume_detaches(cluster: &Cluster, d
     cluster.kubectl(&["uncordon", NODE_NAME]);
     driver.wait_until_ready(cluster);
     assert_eq!(mounts_of(cluster, &pv, &volume), Vec::<String>::new());
-    claim_goes(cluster, &ns, driver, &pv, &volume);
+    claim_goes(cluster, ns, driver, &pv, &volume);
 }
