@@ -36,7 +36,7 @@ TARGET = "x86_64-unknown-linux-gnu"
 # Each shipped binary and the package that builds it.
 SHIPPED = {"ebs-csi-agent": "agent", "ebs-csi-controller": "controller", "ebs-csi-helper": "helper"}
 MUST = {
-    "ebs-csi-helper": {"ebs-csi-helper-proto", "ebs-csi-linux", "rustix", "seccompiler", "caps", "landlock"},
+    "ebs-csi-helper": {"ebs-csi-helper-proto", "ebs-csi-linux", "rustix", "seccompiler", "landlock"},
     "ebs-csi-agent": {"ebs-csi-helper-client", "ebs-csi-proto", "tonic", "tokio"},
     "ebs-csi-controller": {"ebs-csi-proto", "tonic", "aws-sdk-ec2", "aws-sdk-ebs", "aws-config"},
 }

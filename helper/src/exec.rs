@@ -30,10 +30,10 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
-use caps::{CapSet, Capability};
 use ebs_csi_helper_proto::HelperError;
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::process::{Pid, PidfdFlags, Signal};
+use rustix::thread::CapabilitySet;
 use seccompiler::BpfProgram;
 use serde::{Deserialize, Serialize};
 
@@ -93,8 +93,7 @@ impl Tool {
         }
     }
 
-    /// The capabilities the tool runs with, as a mask of capability bits,
-    /// each measured (a tool run as uid 991 on a loop device, Debian 12):
+    /// The capabilities the tool runs with, each measured (a tool run as uid 991 on a loop device, Debian 12):
     /// a tool opens its device again through [`DEVICE_ARG`], and a device
     /// node is root's, mode 0600 or 0660 for the `disk` group
     /// (devtmpfs, udev's `50-udev-default.rules`), so `blkid` reads it with
@@ -106,11 +105,11 @@ impl Tool {
     /// root, whatever its mode, and grows it (XFS_IOC_FSGROWFSDATA:
     /// `CAP_SYS_ADMIN`). (ext filesystems grow without a tool, see
     /// [`crate::grow`].)
-    pub fn capabilities(self) -> u64 {
+    pub fn capabilities(self) -> CapabilitySet {
         let (read, write, admin) = (
-            Capability::CAP_DAC_READ_SEARCH.bitmask(),
-            Capability::CAP_DAC_OVERRIDE.bitmask(),
-            Capability::CAP_SYS_ADMIN.bitmask(),
+            CapabilitySet::DAC_READ_SEARCH,
+            CapabilitySet::DAC_OVERRIDE,
+            CapabilitySet::SYS_ADMIN,
         );
         match self {
             Self::Blkid => read,
@@ -303,10 +302,7 @@ impl Threads {
     ) -> io::Result<Self> {
         // A tool cannot be given what the runner does not hold (some
         // sandboxes withhold capabilities even from root).
-        let held = caps::read(None, CapSet::Permitted)
-            .map_err(io::Error::other)?
-            .iter()
-            .fold(0, |mask, c| mask | c.bitmask());
+        let held = rustix::thread::capabilities(None)?.permitted;
         let (jobs, queue) = mpsc::channel::<Job>();
         let queue = Arc::new(Mutex::new(queue));
         for _ in 0..threads.max(1) {
@@ -334,7 +330,7 @@ impl Threads {
 
 /// On a runner thread: verifies the device again, runs the tool, answers,
 /// and settles a tool killed past its time limit.
-fn run_job(job: Job, ids: ToolIds, held: u64, tool_filter: &Arc<BpfProgram>, timeout: Duration) {
+fn run_job(job: Job, ids: ToolIds, held: CapabilitySet, tool_filter: &Arc<BpfProgram>, timeout: Duration) {
     let (result, unreaped) = match start(&job, ids, held, tool_filter) {
         Ok(tool) => finish(&job, tool, timeout),
         Err(e) => (Err(e), None),
@@ -402,7 +398,7 @@ pub fn stderr_excerpt(stderr: &[u8]) -> String {
 }
 
 /// Verifies the device again and starts `job`'s tool, confined.
-fn start(job: &Job, ids: ToolIds, held: u64, tool_filter: &Arc<BpfProgram>) -> Result<Child, HelperError> {
+fn start(job: &Job, ids: ToolIds, held: CapabilitySet, tool_filter: &Arc<BpfProgram>) -> Result<Child, HelperError> {
     job.device.reverify()?;
     let mut command = Command::new(&job.path);
     command

@@ -1,22 +1,21 @@
 //! Probing a device for existing data and creating a filesystem on a
 //! blank one.
 //!
-//! A device is formatted only when it is proven blank, by two independent
-//! checks on the verified fd: `blkid -p` finds no signature at all (no
-//! filesystem, no partition table, nothing else) and prints nothing on
-//! stderr, and the helper itself reads every byte libblkid's probers may
-//! look at ([`PROBED_BYTES`] at each end) and finds them all zero, with no
-//! read error. blkid's "nothing found" status (2) proves nothing alone: it is
-//! also what blkid answers for a device it cannot open, and libblkid aborts
-//! the whole probe, silently and with that same status, when one prober's
-//! read fails (util-linux `libblkid/src/superblocks/superblocks.c`,
-//! `superblocks_probe`: a negative prober result breaks the loop; the LUKS
-//! prober, which runs before the ext and XFS ones, reads up to 4 MiB into
-//! any device). A new EBS volume reads as zeros; one restored from a
-//! snapshot holds a filesystem. The mkfs flags avoid work that makes
-//! formatting a large EBS volume slow: no discard of the whole device (ext
-//! `nodiscard`, xfs `-K`) and lazy inode-table and journal initialisation
-//! on ext.
+//! A device is formatted only when it is proven blank: the helper reads,
+//! on the verified fd, every byte libblkid's probers may look at on a
+//! device without signatures ([`PROBED_BYTES`] at each end), and finds them
+//! all zero, with no read error. There blkid would find nothing, so it is
+//! not run (a new EBS volume reads as zeros). Otherwise `blkid -p` names
+//! what the device holds (a volume restored from a snapshot holds a
+//! filesystem); its "nothing found" status (2) then means data no prober
+//! recognises — also what blkid answers for a device it cannot open, and
+//! when one prober's read fails, libblkid aborts the whole probe, silently
+//! and with that same status (util-linux
+//! `libblkid/src/superblocks/superblocks.c`, `superblocks_probe`: a
+//! negative prober result breaks the loop) — and is never taken for
+//! blank. The mkfs flags avoid work that makes formatting a large EBS
+//! volume slow: no discard of the whole device (ext `nodiscard`, xfs `-K`)
+//! and lazy inode-table and journal initialisation on ext.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::process::Output;
@@ -30,7 +29,7 @@ use crate::device::VerifiedDevice;
 use crate::error::Operation;
 use crate::exec::{self, DEVICE_ARG, Executor, Tool, ToolTarget};
 
-/// What a device holds, according to `blkid -p` and the helper's own read.
+/// What a device holds, according to the helper's own read and `blkid -p`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Contents {
     /// No signature of any kind, and every probed byte readable and zero:
@@ -51,40 +50,46 @@ pub enum Contents {
 /// secondary headers (`luks.c`, `secondary_offsets`: 16 KiB to 4 MiB, each
 /// a 4 KiB header), VMFS (`vmfs.c`, magic at 2 MiB), UDF's anchor at block
 /// 256 (`udf.c`, up to 1 MiB with 4 KiB blocks); from the end, ZFS labels
-/// (`zfs.c`, the last 512 KiB), md 0.90 and 1.0 superblocks
+/// (`zfs.c`, L2 512 KiB and the size modulo 256 KiB before the end: at
+/// most the last 768 KiB), md 0.90 and 1.0 superblocks
 /// (`linux_raid.c`, the last 128 KiB), the vendor RAID metadata (`ddf_raid.c`,
 /// `isw_raid.c`, …, the last sectors) and the backup GPT (`gpt.c`, the last
 /// LBA). Every other read of a prober follows a magic found in these
-/// ranges, so with them all zero it never happens. On a new gp3 volume
-/// (125 MiB/s baseline) reading both takes about 130 ms, once per format.
+/// ranges, so with them all zero it never happens (the test
+/// `a_signature_where_a_prober_looks_is_never_blank` plants each). On a new
+/// gp3 volume (125 MiB/s baseline) reading both takes about 130 ms, once
+/// per format; a device that holds anything is read to its first non-zero
+/// chunk ([`READ_CHUNK`]).
 pub const PROBED_BYTES: u64 = 8 << 20;
 
 /// How much the proof reads at a time, in bytes.
 const READ_CHUNK: usize = 1 << 20;
 
-/// Probes `device` with `blkid -p -o export` (low-level probe, no cache)
-/// on its verified fd; when blkid finds nothing, proves the device blank
-/// with [`prove_zero`], which has as long as a tool (the executor's time
-/// limit, `--tool-timeout-seconds`: third audit A12).
+/// Probes `device`: proves it blank with [`prove_zero`], which has as long
+/// as a tool (the executor's time limit, `--tool-timeout-seconds`: third
+/// audit A12); when it is not, runs `blkid -p -o export` (low-level probe,
+/// no cache) on its verified fd to name what it holds.
 ///
 /// # Errors
-/// [`HelperError::ToolFailed`] when blkid fails, or answers "nothing
-/// found" with something on stderr; [`HelperError::System`] when the
-/// device cannot be read where libblkid looks, or not within the time
-/// limit; [`HelperError::DeviceRefused`] when the device changed before
-/// blkid ran.
+/// [`HelperError::System`] when the device cannot be read where libblkid
+/// looks, or not within the time limit; [`HelperError::ToolFailed`] when
+/// blkid fails, or answers "nothing found" with something on stderr;
+/// [`HelperError::DeviceRefused`] when the device changed before blkid
+/// ran.
 pub fn probe(executor: &Executor, device: &VerifiedDevice) -> Result<Contents, HelperError> {
+    let size = device.size_bytes()?;
+    let claim = executor.stalled.claim(device.number, &device.path())?;
+    let not_blank = match prove_zero_within(device, size, executor.timeout, claim) {
+        Ok(Contents::Blank) => return Ok(Contents::Blank),
+        Ok(contents) => contents,
+        Err(e) => return Err(e.into_error(&device.volume_id.to_string(), &device.path())),
+    };
     let output = executor.run(
         Tool::Blkid,
         &["-p", "-o", "export", "--", DEVICE_ARG],
         ToolTarget::Device(device),
     )?;
-    interpret_blkid(&output, || {
-        let size = device.size_bytes()?;
-        let claim = executor.stalled.claim(device.number, &device.path())?;
-        prove_zero_within(device, size, executor.timeout, claim)
-            .map_err(|e| e.into_error(&device.volume_id.to_string(), &device.path()))
-    })
+    interpret_blkid(&output, not_blank)
 }
 
 /// [`prove_zero`] on a thread of its own, waited for at most `limit`: a
@@ -111,14 +116,12 @@ fn prove_zero_within(device: &VerifiedDevice, size: u64, limit: Duration, claim:
         .unwrap_or(Err(NotProven::Stalled(limit.as_secs())))
 }
 
-/// blkid's answer, with "nothing found" taken to `prove` for the verdict.
-fn interpret_blkid(
-    output: &Output,
-    prove: impl FnOnce() -> Result<Contents, HelperError>,
-) -> Result<Contents, HelperError> {
+/// blkid's answer on a device not proven blank: "nothing found", with
+/// nothing printed, is `not_blank`, the proof's description of the data.
+fn interpret_blkid(output: &Output, not_blank: Contents) -> Result<Contents, HelperError> {
     match output.status.code() {
         Some(0) => Ok(parse_blkid(&String::from_utf8_lossy(&output.stdout))),
-        Some(2) if output.stderr.is_empty() && output.stdout.is_empty() => prove(),
+        Some(2) if output.stderr.is_empty() && output.stdout.is_empty() => Ok(not_blank),
         _ => Err(HelperError::ToolFailed {
             tool: Tool::Blkid.path()?,
             detail: format!("{}: {}", output.status, exec::stderr_excerpt(&output.stderr)),
@@ -371,33 +374,90 @@ mod tests {
         }
     }
 
-    /// blkid's "nothing found" is blank only when the helper's own proof
-    /// says so, and blkid said nothing else.
+    /// blkid, asked only of a device not proven blank, names what it
+    /// finds; its "nothing found" is the proof's description of the data,
+    /// and never blank; anything else it says is its failure.
     #[test]
-    fn nothing_found_is_blank_only_when_proven() {
-        let blank = || Ok(Contents::Blank);
-        let unreadable = || Err(Operation::ProveBlank("vol-1".into()).failed("EIO"));
-        assert_eq!(interpret_blkid(&blkid_output(2, "", ""), blank), Ok(Contents::Blank));
-        assert_eq!(
-            interpret_blkid(&blkid_output(2, "", ""), unreadable),
-            Err(Operation::ProveBlank("vol-1".into()).failed("EIO"))
-        );
+    fn blkid_names_what_the_proof_found() {
+        let data = || Contents::Other("data no prober recognises (byte 7 is not zero)".into());
+        assert_eq!(interpret_blkid(&blkid_output(2, "", ""), data()), Ok(data()));
         let open_failed = interpret_blkid(
             &blkid_output(2, "", "blkid: error: /x: No such file or directory"),
-            blank,
+            data(),
         );
         assert!(
             matches!(open_failed, Err(HelperError::ToolFailed { ref detail, .. }) if detail.contains("No such file")),
             "{open_failed:?}"
         );
         assert!(matches!(
-            interpret_blkid(&blkid_output(4, "", ""), blank),
+            interpret_blkid(&blkid_output(4, "", ""), data()),
             Err(HelperError::ToolFailed { .. })
         ));
         assert_eq!(
-            interpret_blkid(&blkid_output(0, "TYPE=xfs\nUSAGE=filesystem\n", ""), unreadable),
+            interpret_blkid(&blkid_output(0, "TYPE=xfs\nUSAGE=filesystem\n", ""), data()),
             Ok(Contents::Filesystem("xfs".into()))
         );
+    }
+
+    /// Where libblkid's probers look, each with its magic (util-linux
+    /// `libblkid/src/`): on a 64 MiB device, a signature at any of them is
+    /// found by the proof, so blkid is asked. A prober that looks beyond
+    /// [`PROBED_BYTES`] of either end fails this test.
+    #[test]
+    fn a_signature_where_a_prober_looks_is_never_blank() {
+        const SIZE: u64 = 64 << 20;
+        let end = |back: u64| SIZE - back;
+        // (where, from which file, offset, magic)
+        let signatures: [(&str, u64, &[u8]); 13] = [
+            ("xfs.c: XFSB at 0", 0, b"XFSB"),
+            ("ext.c: 0xEF53 at 1 KiB + 0x38", 1024 + 0x38, &[0x53, 0xef]),
+            ("iso9660.c: CD001 at 32 KiB + 1", (32 << 10) + 1, b"CD001"),
+            ("btrfs.c: _BHRfS_M at 64 KiB + 0x40", (64 << 10) + 0x40, b"_BHRfS_M"),
+            ("udf.c: anchor at block 256 of 4 KiB", 256 * 4096, &[2, 0]),
+            (
+                "vmfs.c: VMFS_volume_member at 1 MiB",
+                1 << 20,
+                &[0x0d, 0xd0, 0x01, 0xc0],
+            ),
+            ("vmfs.c: VMFS at 2 MiB", 2 << 20, &[0x5e, 0xf1, 0xab, 0x2f]),
+            (
+                "luks.c: the last LUKS2 secondary header at 4 MiB",
+                4 << 20,
+                b"SKUL\xba\xbe",
+            ),
+            (
+                "zfs.c: L2's uberblocks, 512 KiB from the end + 128 KiB",
+                end(512 << 10) + (128 << 10),
+                &[0x0c, 0xb1, 0xba],
+            ),
+            (
+                "linux_raid.c: md 0.90, the last 64 KiB",
+                end(64 << 10),
+                &[0xfc, 0x4e, 0x2b, 0xa9],
+            ),
+            (
+                "linux_raid.c: md 1.0, 8 KiB from the end",
+                end(8 << 10),
+                &[0xfc, 0x4e, 0x2b, 0xa9],
+            ),
+            (
+                "ddf_raid.c: the anchor in the last sector",
+                end(512),
+                &[0xde, 0x11, 0xde, 0x11],
+            ),
+            ("gpt.c: the backup header at the last LBA", end(512), b"EFI PART"),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        for (place, offset, magic) in signatures {
+            let file = file_of(&dir, &[(offset, magic)], SIZE);
+            assert_eq!(
+                prove_zero(file.as_fd(), SIZE),
+                Ok(Contents::Other(format!(
+                    "data no prober recognises (byte {offset} is not zero)"
+                ))),
+                "{place}"
+            );
+        }
     }
 
     fn file_of(dir: &tempfile::TempDir, bytes: &[(u64, &[u8])], len: u64) -> std::fs::File {

@@ -3,7 +3,8 @@
 use std::collections::HashMap;
 use std::io;
 
-use caps::{CapSet, Capability, CapsHashSet};
+use rustix::io::Errno;
+use rustix::thread::{CapabilitySet, CapabilitySets};
 use seccompiler::{BpfProgram, TargetArch, sock_filter};
 
 /// The capabilities the helper keeps, and why:
@@ -24,33 +25,35 @@ use seccompiler::{BpfProgram, TargetArch, sock_filter};
 /// execs, and `no_new_privs` keeps the exec from adding any); the serving
 /// process keeps [`SERVING`] alone ([`keep_only_serving`], in `main` after
 /// the runner is forked and before any thread starts).
-pub const KEPT: [Capability; 7] = [
-    Capability::CAP_SYS_ADMIN,
-    Capability::CAP_SYS_RESOURCE,
-    Capability::CAP_DAC_READ_SEARCH,
-    Capability::CAP_DAC_OVERRIDE,
-    Capability::CAP_SETUID,
-    Capability::CAP_SETGID,
-    Capability::CAP_KILL,
-];
+pub const KEPT: CapabilitySet = CapabilitySet::SYS_ADMIN
+    .union(CapabilitySet::SYS_RESOURCE)
+    .union(CapabilitySet::DAC_READ_SEARCH)
+    .union(CapabilitySet::DAC_OVERRIDE)
+    .union(CapabilitySet::SETUID)
+    .union(CapabilitySet::SETGID)
+    .union(CapabilitySet::KILL);
 
-/// What the helper refuses to start without: the tools' uid and gid.
-pub const REQUIRED: [Capability; 2] = [Capability::CAP_SETUID, Capability::CAP_SETGID];
+/// What the helper refuses to start without, with their names
+/// (capabilities(7)): the tools' uid and gid.
+pub const REQUIRED: [(CapabilitySet, &str); 2] = [
+    (CapabilitySet::SETUID, "CAP_SETUID"),
+    (CapabilitySet::SETGID, "CAP_SETGID"),
+];
 
 /// What the serving process keeps: mount, umount and the NVMe admin ioctl
 /// need `CAP_SYS_ADMIN`, nothing there needs more.
-pub const SERVING: Capability = Capability::CAP_SYS_ADMIN;
+pub const SERVING: CapabilitySet = CapabilitySet::SYS_ADMIN;
 
 /// Why hardening failed; the helper refuses to start then.
 #[derive(Debug, thiserror::Error)]
 pub enum HardenError {
-    /// A capability set could not be changed.
+    /// A capability set could not be read or changed.
     #[error("capabilities: {0}")]
-    Capabilities(#[from] caps::errors::CapsError),
+    Capabilities(#[from] Errno),
     /// The helper was started without a capability it cannot run tools
-    /// without ([`REQUIRED`]).
+    /// without ([`REQUIRED`]), named.
     #[error("{0} is not permitted: every tool runs as --tool-uid and --tool-gid")]
-    Missing(Capability),
+    Missing(&'static str),
     /// `PR_SET_NO_NEW_PRIVS` or `PR_SET_DUMPABLE` failed.
     #[error("no_new_privs or dumpable: {0}")]
     NoNewPrivs(io::Error),
@@ -66,9 +69,9 @@ pub enum HardenError {
 /// [`HardenError::Missing`] naming the first it does not hold,
 /// [`HardenError::Capabilities`] when the sets cannot be read.
 pub fn require_capabilities() -> Result<(), HardenError> {
-    let permitted = caps::read(None, CapSet::Permitted)?;
-    match REQUIRED.into_iter().find(|c| !permitted.contains(c)) {
-        Some(missing) => Err(HardenError::Missing(missing)),
+    let permitted = rustix::thread::capabilities(None)?.permitted;
+    match REQUIRED.into_iter().find(|(c, _)| !permitted.contains(*c)) {
+        Some((_, name)) => Err(HardenError::Missing(name)),
         None => Ok(()),
     }
 }
@@ -80,18 +83,16 @@ pub fn require_capabilities() -> Result<(), HardenError> {
 /// # Errors
 /// [`HardenError::Capabilities`].
 pub fn reduce_capabilities() -> Result<(), HardenError> {
-    for capability in caps::all() {
-        if !KEPT.contains(&capability) && caps::has_cap(None, CapSet::Bounding, capability)? {
-            caps::drop(None, CapSet::Bounding, capability)?;
+    for capability in CapabilitySet::all().difference(KEPT).iter() {
+        // A capability newer than the kernel (EINVAL) is in no set.
+        match rustix::thread::capability_is_in_bounding_set(capability) {
+            Ok(true) => rustix::thread::remove_capability_from_bounding_set(capability)?,
+            Ok(false) | Err(Errno::INVAL) => {}
+            Err(e) => return Err(e.into()),
         }
     }
-    caps::clear(None, CapSet::Ambient)?;
-    caps::clear(None, CapSet::Inheritable)?;
-    let permitted = caps::read(None, CapSet::Permitted)?;
-    let kept: CapsHashSet = KEPT.into_iter().filter(|c| permitted.contains(c)).collect();
-    caps::set(None, CapSet::Effective, &kept)?;
-    caps::set(None, CapSet::Permitted, &kept)?;
-    Ok(())
+    rustix::thread::clear_ambient_capability_set()?;
+    keep_only(KEPT)
 }
 
 /// Keeps only [`SERVING`] in the calling thread's effective and permitted
@@ -102,11 +103,19 @@ pub fn reduce_capabilities() -> Result<(), HardenError> {
 /// # Errors
 /// [`HardenError::Capabilities`].
 pub fn keep_only_serving() -> Result<(), HardenError> {
-    let permitted = caps::read(None, CapSet::Permitted)?;
-    let kept: CapsHashSet = [SERVING].into_iter().filter(|c| permitted.contains(c)).collect();
-    caps::set(None, CapSet::Effective, &kept)?;
-    caps::set(None, CapSet::Permitted, &kept)?;
-    Ok(())
+    keep_only(SERVING)
+}
+
+/// Sets the calling thread's effective and permitted sets to what it holds
+/// of `wanted`, and its inheritable set empty.
+fn keep_only(wanted: CapabilitySet) -> Result<(), HardenError> {
+    let kept = rustix::thread::capabilities(None)?.permitted & wanted;
+    let sets = CapabilitySets {
+        effective: kept,
+        permitted: kept,
+        inheritable: CapabilitySet::empty(),
+    };
+    Ok(rustix::thread::set_capabilities(None, sets)?)
 }
 
 /// Sets `PR_SET_NO_NEW_PRIVS` (no exec can gain privileges again) and

@@ -162,8 +162,7 @@ pub(crate) const TOOL_DEVICE_FD: RawFd = 3;
 /// crashed helper leaves no tool holding a device), it blocks no signal, `fd` becomes its [`TOOL_DEVICE_FD`] (without
 /// close-on-exec), every other descriptor beyond stdio is closed, it runs as
 /// `ids` (uid and gid, no supplementary group: third audit A1) with exactly
-/// the capabilities `capabilities` (a mask of capability bits, raised into
-/// the ambient set, which is how a non-root uid keeps a capability across
+/// the capabilities `capabilities` (raised into the ambient set, which is how a non-root uid keeps a capability across
 /// an exec: capabilities(7), "Transformation of capabilities during
 /// execve()"; `no_new_privs` keeps the exec from adding any), it enforces
 /// the Landlock `ruleset` (when the kernel has Landlock) and installs the
@@ -174,7 +173,7 @@ pub(crate) fn set_up_tool_child(
     command: &mut Command,
     fd: RawFd,
     ids: ToolIds,
-    capabilities: u64,
+    capabilities: CapabilitySet,
     ruleset: Option<RawFd>,
     filter: Arc<BpfProgram>,
 ) {
@@ -203,7 +202,7 @@ pub(crate) fn set_up_tool_child(
             if moved < 0 {
                 return Err(io::Error::last_os_error());
             }
-            switch_identity(ids, CapabilitySet::from_bits_retain(capabilities))?;
+            switch_identity(ids, capabilities)?;
             // The death signal follows the forking thread, a runner
             // thread that lives as long as the runner, and is set after the
             // switch, which clears it (prctl(2), PR_SET_PDEATHSIG); if the
@@ -254,11 +253,8 @@ fn switch_identity(ids: ToolIds, kept: CapabilitySet) -> io::Result<()> {
             inheritable: kept,
         },
     )?;
-    for bit in 0..u64::BITS {
-        let capability = CapabilitySet::from_bits_retain(kept.bits() & (1 << bit));
-        if !capability.is_empty() {
-            rustix::thread::configure_capability_in_ambient_set(capability, true)?;
-        }
+    for capability in kept.iter() {
+        rustix::thread::configure_capability_in_ambient_set(capability, true)?;
     }
     Ok(())
 }

@@ -1,10 +1,11 @@
 """A FUSE filesystem of one file whose reads stall: a test's stand-in for a
 disk that stops answering (the helper's third audit, A12).
 
-Usage: stall.py MOUNTPOINT NAME SIZE STALL_FROM STALL_TO
+Usage: stall.py MOUNTPOINT NAME SIZE STALL_FROM STALL_TO [HEAD]
 
 Mounts at MOUNTPOINT (mfusepy over libfuse 3; root mounts without
-fusermount) a directory holding NAME, SIZE bytes of zeros. A read or a
+fusermount) a directory holding NAME, SIZE bytes of zeros but for HEAD
+(hexadecimal) at its start. A read or a
 write that reaches into [STALL_FROM, STALL_TO) never answers: it waits
 until the process ends, when the kernel ends it with an error; other
 writes are taken and forgotten (the file reads as zeros still). Each is
@@ -23,8 +24,9 @@ import mfusepy as fuse
 class Stalling(fuse.Operations):
     use_ns = True
 
-    def __init__(self, name, size, stall_from, stall_to):
+    def __init__(self, name, size, stall_from, stall_to, head):
         self.path = "/" + name
+        self.head = head
         self.size = size
         self.stalled = range(stall_from, stall_to)
         self.never = threading.Event()
@@ -46,7 +48,10 @@ class Stalling(fuse.Operations):
     def read(self, path, size, offset, fh):
         end = min(offset + size, self.size)
         self.stall_within("read", offset, end)
-        return bytes(max(0, end - offset))
+        data = bytearray(max(0, end - offset))
+        head = self.head[offset:end]
+        data[: len(head)] = head
+        return bytes(data)
 
     def write(self, path, data, offset, fh):
         self.stall_within("write", offset, offset + len(data))
@@ -68,7 +73,8 @@ class Stalling(fuse.Operations):
 def main():
     mountpoint, name = sys.argv[1], sys.argv[2]
     size, stall_from, stall_to = (int(a) for a in sys.argv[3:6])
-    fuse.FUSE(Stalling(name, size, stall_from, stall_to), mountpoint, foreground=True)
+    head = bytes.fromhex(sys.argv[6]) if len(sys.argv) > 6 else b""
+    fuse.FUSE(Stalling(name, size, stall_from, stall_to, head), mountpoint, foreground=True)
 
 
 if __name__ == "__main__":

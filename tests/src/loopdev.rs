@@ -56,6 +56,24 @@ impl LoopVolume {
         run("losetup", &["-c", &self.device.to_string_lossy()]);
     }
 
+    /// Writes `bytes` at `offset` of the device, synced.
+    pub fn write_at(&self, bytes: &[u8], offset: u64) {
+        use std::os::unix::fs::FileExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.device)
+            .and_then(|f| f.write_all_at(bytes, offset).and_then(|()| f.sync_all()))
+            .expect("writing to the device");
+    }
+
+    /// Writes, 3 MiB into the device (where no prober's magic lies), the
+    /// bytes of an image that would take over the tool that parses it, as
+    /// the audits' hostile images: the helper asks `blkid` about such a
+    /// volume, never about one it proved blank.
+    pub fn hold_hostile_image(&self) {
+        self.write_at(b"an image that takes its parser over", 3 << 20);
+    }
+
     /// The device's size in bytes (sysfs).
     pub fn size_bytes(&self) -> u64 {
         let name = self.device.file_name().expect("name").to_string_lossy().into_owned();

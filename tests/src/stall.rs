@@ -23,9 +23,9 @@ pub struct StalledFile {
 
 impl StalledFile {
     /// Mounts, at `dir/mnt`, a filesystem holding `name`: `size` bytes of
-    /// zeros whose reads and writes reaching into `stalled` never answer
-    /// (other writes are taken and forgotten).
-    pub fn mount(dir: &Path, name: &str, size: u64, stalled: Range<u64>) -> Self {
+    /// zeros but for `head` at its start, whose reads and writes reaching
+    /// into `stalled` never answer (other writes are taken and forgotten).
+    pub fn mount(dir: &Path, name: &str, size: u64, stalled: Range<u64>, head: &[u8]) -> Self {
         let mountpoint = dir.join("mnt");
         make_dir(&mountpoint);
         let log = dir.join("stall.log");
@@ -34,6 +34,7 @@ impl StalledFile {
             .arg(&mountpoint)
             .arg(name)
             .args([size, stalled.start, stalled.end].map(|n| n.to_string()))
+            .arg(head.iter().map(|b| format!("{b:02x}")).collect::<String>())
             .stdout(std::fs::File::create(&log).expect("stall.log"))
             .stderr(Stdio::null())
             .spawn()

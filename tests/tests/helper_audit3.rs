@@ -29,7 +29,8 @@ use ebs_csi_tests::{Helper, LoopVolume, Sandbox, is_mounted, require_root, stage
 /// limiting another root process, or reading `/etc/shadow` back to the
 /// agent; and it ran with SIGTERM and SIGINT blocked. A stand-in (Python,
 /// bind-mounted over the real one in the helper's own mount namespace)
-/// tries each during a Stage and reports what happened: every attempt is
+/// tries each during a Stage of a volume that holds an image
+/// ([`LoopVolume::hold_hostile_image`]) and reports what happened: every attempt is
 /// refused (EACCES from Landlock, EPERM from the tools' seccomp filter), it
 /// runs as the tools' uid and gid (991, no other group) with
 /// `CAP_DAC_READ_SEARCH` alone, no signal is blocked, and nothing it aimed
@@ -81,6 +82,7 @@ sys.exit(4)
     );
     let helper = Helper::with_blkid(&sandbox, &script);
     let volume = LoopVolume::create(sandbox.path(), "vol-0a1a1a1a1a1a1a1a1", 64);
+    volume.hold_hostile_image();
     let staging = sandbox.staging(&volume.volume_id);
     helper.assert_blkid_failed(
         stage_request(&volume.volume_id, &volume.device, &staging, FsType::Ext4, &[]),
@@ -198,8 +200,9 @@ fn the_tools_uid_is_neither_root_nor_the_agents_and_is_required() {
     }
 }
 
-/// F7 with a read that hangs: blkid, whose read at 4 MiB (a prober's)
-/// never answers, is killed at `--tool-timeout-seconds` and the Stage
+/// F7 with a read that hangs: blkid, asked about a disk whose first bytes
+/// are not zero, and whose read at 4 MiB (a prober's) never answers, is
+/// killed at `--tool-timeout-seconds` and the Stage
 /// answered, naming the tool, though the stalled read leaves a page of the
 /// disk locked and the disk's last close waits for it, holding the disk's
 /// open mutex (the helper closes it on a thread of its own); the disk is
@@ -208,7 +211,7 @@ fn the_tools_uid_is_neither_root_nor_the_agents_and_is_required() {
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, FUSE, the helper")]
 fn a_tool_whose_read_stalls_is_answered_for_at_the_time_limit() {
     let stalled = (4 << 20)..(5 << 20);
-    let seen = assert_tool_killed_on_a_stalling_disk(FsType::Ext4, 64, &stalled, "blkid");
+    let seen = assert_tool_killed_on_a_stalling_disk(FsType::Ext4, 64, &stalled, b"data", "blkid");
     assert_only_stalled_reads(&seen, &stalled);
 }
 
@@ -220,15 +223,21 @@ fn a_tool_whose_read_stalls_is_answered_for_at_the_time_limit() {
 #[test]
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, FUSE, the helper")]
 fn a_tool_a_kill_cannot_end_is_answered_for_and_reaped_later() {
-    let seen = assert_tool_killed_on_a_stalling_disk(FsType::Xfs, 512, &((128 << 20)..(129 << 20)), "mkfs.xfs");
+    let seen = assert_tool_killed_on_a_stalling_disk(FsType::Xfs, 512, &((128 << 20)..(129 << 20)), b"", "mkfs.xfs");
     assert!(seen.contains("stalled write 134217728\n"), "{seen}");
 }
 
 /// [`stage_on_a_stalling_disk`], whose Stage fails as `tool` (in
 /// `/usr/sbin`) is killed at the time limit and its retry as the disk is
 /// busy, until the helper has settled the tool; returns what the disk saw.
-fn assert_tool_killed_on_a_stalling_disk(fs_type: FsType, size_mib: u64, stalled: &Range<u64>, tool: &str) -> String {
-    let (device, first, retry, seen) = stage_on_a_stalling_disk(fs_type, size_mib, stalled, Some(SETTLED));
+fn assert_tool_killed_on_a_stalling_disk(
+    fs_type: FsType,
+    size_mib: u64,
+    stalled: &Range<u64>,
+    head: &[u8],
+    tool: &str,
+) -> String {
+    let (device, first, retry, seen) = stage_on_a_stalling_disk(fs_type, size_mib, stalled, head, Some(SETTLED));
     let tool = format!("/usr/sbin/{tool}");
     let detail = "still running after 2 s; killed".to_owned();
     assert_eq!(first, HelperError::ToolFailed { tool, detail });
@@ -244,7 +253,7 @@ fn assert_tool_killed_on_a_stalling_disk(fs_type: FsType, size_mib: u64, stalled
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, FUSE, the helper")]
 fn a_blank_proof_whose_reads_stall_ends_at_the_time_limit() {
     let stalled = (7 << 20)..(8 << 20);
-    let (device, first, retry, seen) = stage_on_a_stalling_disk(FsType::Ext4, 64, &stalled, None);
+    let (device, first, retry, seen) = stage_on_a_stalling_disk(FsType::Ext4, 64, &stalled, b"", None);
     let expected = HelperError::System {
         operation: format!("proving volume {STALLS} blank"),
         detail: format!("{device}: the reads did not end within 2 s"),
@@ -274,6 +283,7 @@ fn a_stalled_probe_holds_no_other_volumes_stage() {
         &format!("{STALLS}.img"),
         64 << 20,
         stalled,
+        b"",
     );
     stalling = LoopVolume::attach_file(STALLS, disk.file());
     let staging = sandbox.staging(STALLS);
@@ -308,8 +318,8 @@ const STALLS: &str = "vol-0a12a12a12a12a12a";
 const SETTLED: &str = "a tool killed past its time limit has ended";
 
 /// Stages [`STALLS`] as `fs_type` on a loop device over a file of
-/// `size_mib` MiB of the test's FUSE filesystem whose reads and writes
-/// reaching into `stalled` never answer, with a 2 s tool time limit, then
+/// `size_mib` MiB of the test's FUSE filesystem, zeros but for `head` at
+/// its start, whose reads and writes reaching into `stalled` never answer, with a 2 s tool time limit, then
 /// again; checks that nothing is mounted and that another volume's Stage
 /// is served meanwhile; then stops the disk's server (the stalled reads and
 /// writes fail) and waits for the helper to log `settled`, when given.
@@ -319,6 +329,7 @@ fn stage_on_a_stalling_disk(
     fs_type: FsType,
     size_mib: u64,
     stalled: &Range<u64>,
+    head: &[u8],
     settled: Option<&str>,
 ) -> (String, HelperError, HelperError, String) {
     require_root();
@@ -330,7 +341,13 @@ fn stage_on_a_stalling_disk(
     let stalling;
     let helper = Helper::start(&sandbox, &["--tool-timeout-seconds", "2"]);
     let name = format!("{STALLS}.img");
-    let disk = StalledFile::mount(&sandbox.path().join("fuse"), &name, size_mib << 20, stalled.clone());
+    let disk = StalledFile::mount(
+        &sandbox.path().join("fuse"),
+        &name,
+        size_mib << 20,
+        stalled.clone(),
+        head,
+    );
     stalling = LoopVolume::attach_file(STALLS, disk.file());
     let staging = sandbox.staging(STALLS);
     let stage = || match helper.call(stage_request(STALLS, &stalling.device, &staging, fs_type, &[])) {

@@ -147,11 +147,7 @@ fn data_no_prober_recognises_is_never_formatted() {
     let helper = Helper::start(&sandbox, &[]);
     let volume = LoopVolume::create(sandbox.path(), VOLUME, 64);
     let data = ebs_csi_tests::data_pattern(4096);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&volume.device)
-        .and_then(|f| f.write_all_at(&data, 3 << 20).and_then(|()| f.sync_all()))
-        .unwrap();
+    volume.write_at(&data, 3 << 20);
     assert_eq!(volume.signature(), "", "blkid must find nothing");
     let first = (3 << 20) + data.iter().position(|b| *b != 0).unwrap() as u64;
     let staging = sandbox.staging(VOLUME);
@@ -399,7 +395,8 @@ fn no_tool_grows_a_filesystem_that_fills_its_device() {
 /// `blkid` taken over by a hostile image (bind-mounted over the real one in
 /// a mount namespace of the helper's own; nothing outside changes) tries
 /// to open `/etc/passwd` for writing and another disk read-write, and reads
-/// its own volume: under the tool's Landlock ruleset only the last works.
+/// its own volume, which holds the image
+/// ([`LoopVolume::hold_hostile_image`]): under the tool's Landlock ruleset only the last works.
 /// The Stage fails with the stand-in's report, and nothing is formatted.
 #[test]
 #[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
@@ -407,6 +404,7 @@ fn a_tool_opens_nothing_but_the_system_files_and_its_volume() {
     require_root();
     let sandbox = Sandbox::new();
     let volume = LoopVolume::create(sandbox.path(), "vol-0e6e6e6e6e6e6e6e6", 64);
+    volume.hold_hostile_image();
     let other = LoopVolume::create(sandbox.path(), "vol-0e6e6e6e6e6e6e6e7", 64);
     let report = |what: &str, open: &str| {
         format!("if ({open}) 2>/dev/null; then r=\"$r {what}:opened\"; else r=\"$r {what}:denied\"; fi\n")
@@ -434,7 +432,8 @@ fn a_tool_opens_nothing_but_the_system_files_and_its_volume() {
 /// executor read its output to the end, so a process the tool left behind
 /// holding the pipe open held the one `tools` executor, and with it every
 /// later Stage and Expand; and such a process lived on as root. A stand-in
-/// `blkid` leaves such a process (120 s) and exits 4: the process is killed
+/// `blkid` (of a volume that holds an image, [`LoopVolume::hold_hostile_image`])
+/// leaves such a process (120 s) and exits 4: the process is killed
 /// with the tool's process group when the tool exits, and the Stage is
 /// answered, twice.
 #[test]
@@ -446,6 +445,7 @@ fn a_process_a_tool_leaves_behind_ends_with_it() {
     let script = format!("#!/bin/bash\nexec -a {} sleep 120 >&2 &\nexit 4\n", marker.display());
     let helper = Helper::with_blkid(&sandbox, &script);
     let volume = LoopVolume::create(sandbox.path(), "vol-0e7e7e7e7e7e7e7e7", 64);
+    volume.hold_hostile_image();
     let staging = sandbox.staging(&volume.volume_id);
     let stage = stage_request(&volume.volume_id, &volume.device, &staging, FsType::Ext4, &[]);
     let left_behind = || {

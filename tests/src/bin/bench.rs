@@ -130,8 +130,7 @@ async fn stage_latency(scale: Scale) -> (Vec<Row>, Vec<(&'static str, Vec<(Strin
             // means a log line changed and the breakdown would mislead.
             for expected in [
                 "NodeStageVolume: agent: staging → helper: received",
-                "NodeStageVolume: helper: received → helper: exec blkid",
-                "NodeStageVolume: helper: exited blkid → helper: proved blank",
+                "NodeStageVolume: helper: received → helper: proved blank",
                 "NodeStageVolume: helper: exec mkfs → helper: exited mkfs",
                 "NodeStageVolume: helper: answered → agent: answered",
                 "NodePublishVolume: helper: received → helper: create mount point",
@@ -173,9 +172,9 @@ async fn stage_latency(scale: Scale) -> (Vec<Row>, Vec<(&'static str, Vec<(Strin
     (rows, breakdown)
 }
 
-/// 1b. The helper's checks before it runs blkid, each alone, in this
-///     process (µs per call, 200 calls): what the step "helper: received →
-///     helper: exec blkid" is made of. A loop device's identity proof reads
+/// 1b. The helper's checks before it proves the device blank, each alone,
+///     in this process (µs per call, 200 calls): what the step "helper:
+///     received → helper: proved blank" is made of, with the proof's reads. A loop device's identity proof reads
 ///     its backing file's name from sysfs; an EBS volume's is an NVMe
 ///     Identify Controller ioctl instead (the QEMU tests run it).
 fn helper_checks(scale: Scale) -> Vec<Row> {

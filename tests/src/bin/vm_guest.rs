@@ -321,8 +321,8 @@ fn an_unreadable_disk_is_never_blank() {
     let answer = run_as(AGENT_UID, || {
         HelperClient::new(PathBuf::from(HELPER_SOCKET), Duration::from_secs(120)).call(request)
     });
-    // blkid answers "nothing found" for what it cannot read; the helper's
-    // own read of where libblkid looks is what refuses.
+    // blkid would answer "nothing found" for what it cannot read; the
+    // helper's own read of where libblkid looks, before any blkid, refuses.
     let expected = HelperError::System {
         operation: format!("proving volume {volume} blank"),
         detail: format!("{}: reading byte 0: Input/output error (os error 5)", device.display()),

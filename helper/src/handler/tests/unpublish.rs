@@ -55,7 +55,9 @@ fn a_mount_point_removed_by_someone_else_right_after_its_unmount_is_done() {
 #[test]
 fn a_target_that_cannot_be_reopened_after_its_unmount_is_an_error_and_a_retry_ends_it() {
     std::thread::spawn(|| {
-        caps::clear(None, caps::CapSet::Effective).unwrap();
+        let mut sets = rustix::thread::capabilities(None).unwrap();
+        sets.effective = rustix::thread::CapabilitySet::empty();
+        rustix::thread::set_capabilities(None, sets).unwrap();
         let world = World::staged();
         let target = world.target();
         world.handle(Request::Publish(world.publish_request(false))).unwrap();
