@@ -34,6 +34,10 @@ struct Args {
     /// into the report when present.
     #[arg(long)]
     ec2_rows: Option<PathBuf>,
+    /// Only these phases (1-6, repeatable; all when none): a quicker look
+    /// at one figure while working on it.
+    #[arg(long = "phase", value_parser = clap::value_parser!(u8).range(1..=6))]
+    phases: Vec<u8>,
 }
 
 fn row(
@@ -67,21 +71,35 @@ async fn main() -> anyhow::Result<()> {
     let scale = if args.smoke { Scale::SMOKE } else { Scale::FULL };
     let mut rows = Vec::new();
     // A line per phase on stderr: a full run takes minutes.
-    let phase = |name: &str| eprintln!("bench: {name}");
-    phase("1/6 stage latency");
-    let (stage_rows, breakdown) = stage_latency(scale).await;
-    rows.extend(stage_rows);
-    rows.extend(helper_checks(scale));
-    phase("2/6 large volumes");
-    rows.extend(large_volumes(scale).await);
-    phase("3/6 device wait");
-    rows.extend(device_wait(scale).await);
-    phase("4/6 footprint");
-    rows.extend(footprint(scale).await);
-    phase("5/6 concurrency");
-    rows.extend(concurrency(scale).await);
-    phase("6/6 claims to pods Running (a real cluster)");
-    rows.extend(tokio::task::spawn_blocking(move || bench::claims::claims_to_pods(scale)).await?);
+    let phase = |number: u8, name: &str| {
+        let run = args.phases.is_empty() || args.phases.contains(&number);
+        if run {
+            eprintln!("bench: {number}/6 {name}");
+        }
+        run
+    };
+    let mut breakdown = Vec::new();
+    if phase(1, "stage latency") {
+        let stage_rows;
+        (stage_rows, breakdown) = stage_latency(scale).await;
+        rows.extend(stage_rows);
+        rows.extend(helper_checks(scale));
+    }
+    if phase(2, "large volumes") {
+        rows.extend(large_volumes(scale).await);
+    }
+    if phase(3, "device wait") {
+        rows.extend(device_wait(scale).await);
+    }
+    if phase(4, "footprint") {
+        rows.extend(footprint(scale).await);
+    }
+    if phase(5, "concurrency") {
+        rows.extend(concurrency(scale).await);
+    }
+    if phase(6, "claims to pods Running (a real cluster)") {
+        rows.extend(tokio::task::spawn_blocking(move || bench::claims::claims_to_pods(scale)).await?);
+    }
     if let Some(text) = args.ec2_rows.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
         rows.extend(text.lines().filter_map(parse_ec2_row));
     }
