@@ -15,7 +15,7 @@ mod volume_type;
 use ebs_csi_proto::endpoint::LoggingFormat;
 use ebs_csi_proto::go_flags::{self, GoDriverFlags};
 use ebs_csi_proto::metrics_http::{self, MetricsFlags};
-use ebs_csi_proto::version::VersionFlag;
+use ebs_csi_proto::version::{VersionFlag, VersionInfo};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,7 +86,8 @@ struct Args {
     /// ModifyVolume, e.g. 2s or 500ms.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     modify_volume_request_handler_timeout: Duration,
-    /// Appended to the SDK's user agent.
+    /// Appended to the driver's name and version in every EC2 call's
+    /// User-Agent (`exec-env/aws-ebs-csi-driver-<version>-<extra>`).
     #[arg(long)]
     user_agent_extra: Option<String>,
     /// Log format: `text` (plain lines) or `json` (one object per line).
@@ -125,10 +126,47 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         .ok_or_else(invalid)
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse_from(go_flags::without_mode(std::env::args_os(), "controller"));
     args.version.answer_if_asked();
+    name_the_driver_in_the_user_agent(args.user_agent_extra.as_deref());
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run(args))
+}
+
+/// Names the driver in every EC2 call's User-Agent as the Go driver does:
+/// `AWS_EXECUTION_ENV=aws-ebs-csi-driver-<version>[-<extra>]`, which the
+/// SDK sends as `exec-env/<value>` (the Go driver's `pkg/cloud/cloud.go`,
+/// `newEC2Cloud`, sets the same variable; aws-runtime's user-agent
+/// interceptor reads it at each call). Any `--user-agent-extra` the Go
+/// driver takes is taken: a character a header cannot carry (a control
+/// character, or beyond ASCII) becomes `_`. Call it before any thread
+/// starts.
+fn name_the_driver_in_the_user_agent(extra: Option<&str>) {
+    let version = VersionInfo::of_this_build().driver_version;
+    let value = match extra {
+        Some(extra) => format!("aws-ebs-csi-driver-{version}-{extra}"),
+        None => format!("aws-ebs-csi-driver-{version}"),
+    };
+    let value: String = value
+        .chars()
+        .map(|c| if c == ' ' || c.is_ascii_graphic() { c } else { '_' })
+        .collect();
+    #[allow(
+        unsafe_code,
+        reason = "the SDK reads the user agent's execution environment from the process's"
+    )]
+    // SAFETY: called from `main` before the runtime or any other thread
+    // starts, so nothing reads or writes the environment meanwhile.
+    unsafe {
+        std::env::set_var("AWS_EXECUTION_ENV", value);
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     let sdk_debug: &[&str] = if args.aws_sdk_debug_log {
         &["aws_smithy_runtime=debug", "aws_sdk_ec2=debug", "aws_config=debug"]
     } else {
@@ -140,9 +178,6 @@ async fn main() -> anyhow::Result<()> {
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
     if let Some(region) = args.region {
         loader = loader.region(aws_config::Region::new(region));
-    }
-    if let Some(extra) = args.user_agent_extra {
-        loader = loader.app_name(aws_config::AppName::new(extra).context("--user-agent-extra")?);
     }
     let config = loader.load().await;
     let metrics = ApiMetrics::new().context("metrics")?;

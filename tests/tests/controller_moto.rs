@@ -488,20 +488,28 @@ async fn ec2_judges_throughput_and_its_refusal_reaches_the_co() {
 /// Flags and a class key of the Go driver's, as a cluster that switches
 /// keeps them: the deprecated `--extra-volume-tags` tags volumes as
 /// `--extra-tags` does, `--user-agent-extra` is in every EC2 call's
-/// User-Agent (the SDK's `app/` part), and a VolumeAttributesClass's
+/// User-Agent as the Go driver puts it (`exec-env/aws-ebs-csi-driver-<version>-<extra>`,
+/// an extra with a space and a character beyond ASCII taken), and a VolumeAttributesClass's
 /// `iopsPerGB` sets the IOPS for the volume's size and is recorded on it.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_go_drivers_extra_volume_tags_user_agent_and_class_iops_per_gb() {
-    let world = setup(&["--extra-volume-tags", "team=legacy", "--user-agent-extra", "helm"]).await;
+    let world = setup(&[
+        "--extra-volume-tags",
+        "team=legacy",
+        "--user-agent-extra",
+        "helm chart é",
+    ])
+    .await;
     let (moto, mut client) = (&world.moto, world.client.clone());
     moto.start_recording();
     let volume = created(&mut client, create_request("pvc-go-flags", 40, &[("type", "gp3")])).await;
     let agents = moto.recorded_user_agents("CreateVolume");
     assert!(
         !agents.is_empty()
-            && agents
-                .iter()
-                .all(|agent| agent.split(' ').any(|part| part == "app/helm")),
+            && agents.iter().all(|agent| agent.contains(&format!(
+                "exec-env/aws-ebs-csi-driver-v{}-helm chart _",
+                env!("CARGO_PKG_VERSION")
+            ))),
         "{agents:?}"
     );
     let modify = ControllerModifyVolumeRequest {
