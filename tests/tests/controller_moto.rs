@@ -288,6 +288,8 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
     for line in [
         "aws_ebs_csi_api_request_duration_seconds_count{request=\"CreateVolume\"} 3",
         "aws_ebs_csi_api_request_errors_total{code=\"InvalidVolume.NotFound\",request=\"DeleteVolume\"} 1",
+        "aws_ebs_csi_ec2_collector_scrapes_total 1",
+        "aws_ebs_csi_ec2_collector_duration_seconds_count 1",
     ] {
         assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
     }

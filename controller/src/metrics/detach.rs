@@ -2,7 +2,10 @@
 //! has waited for a volume to detach, per attachment, as the Go driver's
 //! `pkg/metrics/async.go` (labels `volume_id`, `instance_id`,
 //! `attachment_state`; only detachments pending longer than 60 s; an entry
-//! no ControllerUnpublishVolume has looked at for 15 minutes is forgotten).
+//! no ControllerUnpublishVolume has looked at for 15 minutes is forgotten),
+//! and the collector's own `aws_ebs_csi_ec2_collector_scrapes_total` and
+//! `aws_ebs_csi_ec2_collector_duration_seconds` (each scrape counted and
+//! timed, Go's buckets), which dashboards made for the Go driver read.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -10,13 +13,16 @@ use std::time::{Duration, Instant};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{CounterVec, Opts};
+use prometheus::{CounterVec, Histogram, HistogramOpts, IntCounter, Opts};
 
 use crate::ec2::AttachmentState;
 
 /// Detachments shorter than this are not reported (the Go driver's
 /// `InitializeAsyncEC2Metrics(60 * time.Second)`).
 const THRESHOLD: Duration = Duration::from_secs(60);
+/// The buckets of `aws_ebs_csi_ec2_collector_duration_seconds`, seconds
+/// (the Go driver's `InitializeAsyncEC2Metrics`).
+const DURATION_BUCKETS: [f64; 7] = [0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0];
 /// An entry not updated for this long is dropped (the Go driver's
 /// `cacheCleanupInterval`): its ControllerUnpublishVolume gave up, or
 /// another controller took over.
@@ -37,6 +43,8 @@ pub struct DetachPending {
     pending: Arc<Mutex<HashMap<(String, String), Pending>>>,
     threshold: Duration,
     family: CounterVec,
+    scrapes: IntCounter,
+    duration: Histogram,
 }
 
 impl Default for DetachPending {
@@ -57,10 +65,25 @@ impl DetachPending {
             &["volume_id", "instance_id", "attachment_state"],
         )
         .unwrap_or_else(|e| unreachable!("fixed metric name and labels: {e}"));
+        let scrapes = IntCounter::with_opts(Opts::new(
+            "aws_ebs_csi_ec2_collector_scrapes_total",
+            "Total number of async EC2 collector scrapes.",
+        ))
+        .unwrap_or_else(|e| unreachable!("a fixed metric name: {e}"));
+        let duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "aws_ebs_csi_ec2_collector_duration_seconds",
+                "Histogram of async EC2 collector scrape duration in seconds.",
+            )
+            .buckets(DURATION_BUCKETS.to_vec()),
+        )
+        .unwrap_or_else(|e| unreachable!("a fixed metric name and buckets: {e}"));
         Self {
             pending: Arc::default(),
             threshold,
             family,
+            scrapes,
+            duration,
         }
     }
 
@@ -90,14 +113,11 @@ impl DetachPending {
             },
         );
     }
-}
 
-impl Collector for DetachPending {
-    fn desc(&self) -> Vec<&Desc> {
-        self.family.desc()
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
+    /// The pending detachments longer than the threshold, forgetting the
+    /// entries no ControllerUnpublishVolume has looked at for
+    /// [`FORGET_AFTER`].
+    fn collect_pending(&self) -> Vec<MetricFamily> {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         pending.retain(|_, p| p.checked.elapsed() < FORGET_AFTER);
         self.family.reset();
@@ -110,6 +130,23 @@ impl Collector for DetachPending {
             }
         }
         self.family.collect()
+    }
+}
+
+impl Collector for DetachPending {
+    fn desc(&self) -> Vec<&Desc> {
+        [self.family.desc(), self.scrapes.desc(), self.duration.desc()].concat()
+    }
+
+    /// The pending detachments, then the scrape's own count and duration.
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.scrapes.inc();
+        let started = Instant::now();
+        let mut families = self.collect_pending();
+        self.duration.observe(started.elapsed().as_secs_f64());
+        families.extend(self.duration.collect());
+        families.extend(self.scrapes.collect());
+        families
     }
 }
 
@@ -147,6 +184,22 @@ mod tests {
         );
         tracker.track("vol-1", "i-1", Some(AttachmentState::Detached));
         assert!(!tracker.render().contains("vol-1"));
+    }
+
+    /// Each scrape is counted and timed, as the Go driver's collector does.
+    #[test]
+    fn each_scrape_is_counted_and_timed() {
+        let tracker = DetachPending::default();
+        tracker.render();
+        let text = tracker.render();
+        for line in [
+            "aws_ebs_csi_ec2_collector_scrapes_total 2\n",
+            "aws_ebs_csi_ec2_collector_duration_seconds_count 2\n",
+            "aws_ebs_csi_ec2_collector_duration_seconds_bucket{le=\"0.01\"} 2\n",
+            "aws_ebs_csi_ec2_collector_duration_seconds_bucket{le=\"10\"} 2\n",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
     }
 
     #[test]
