@@ -71,7 +71,8 @@ struct Args {
     /// Where to read what the three flags above do not give, tried in
     /// order: `imds` (instance metadata service), `kubernetes` (this node's
     /// Node object; needs CSI_NODE_NAME and a token allowed to get Nodes),
-    /// `dmi` (SMBIOS in sysfs: id and type, no zone).
+    /// `dmi` (SMBIOS in sysfs: id and type, no zone); the Go driver's
+    /// `metadata-labeler` is read as `kubernetes`, with a warning.
     #[arg(long, value_delimiter = ',', default_value = "imds,kubernetes,dmi", value_parser = Source::parse)]
     metadata_sources: Vec<Source>,
     /// The Kubernetes service account directory (`token`, `ca.crt`) for the
@@ -169,6 +170,7 @@ async fn main() -> anyhow::Result<()> {
     args.version.answer_if_asked();
     ebs_csi_proto::endpoint::init_logging(args.logging_format, args.v, &[]);
     args.go_driver.warn();
+    metadata::warn_of_metadata_labeler(&args.metadata_sources);
     // 1. A command: do it and exit.
     if let Some(command) = &args.command {
         return run(command, &args).await;

@@ -104,10 +104,29 @@ pub enum Source {
     Kubernetes,
     /// The kernel's SMBIOS (DMI) attributes.
     Dmi,
+    /// The Go driver's `metadata-labeler`: the Node object with the labels
+    /// its controller's labeler adds (the node's ENI and volume counts).
+    /// Read as [`Source::Kubernetes`]: the Node object gives the zone and
+    /// the instance type, and the counts are not needed (one interface and
+    /// the root volume assumed, as for any Node object), so a node started
+    /// with it starts; [`warn_of_metadata_labeler`] says so.
+    MetadataLabeler,
+}
+
+/// Warns, once at start, that `metadata-labeler` among `sources` is read as
+/// `kubernetes` ([`Source::MetadataLabeler`]).
+pub fn warn_of_metadata_labeler(sources: &[Source]) {
+    if sources.contains(&Source::MetadataLabeler) {
+        tracing::warn!(
+            "--metadata-sources metadata-labeler is read as kubernetes: the Node object gives the zone and the \
+             instance type, and the agent needs no labeler's labels"
+        );
+    }
 }
 
 impl Source {
-    /// Parses one `--metadata-sources` entry: `imds`, `kubernetes` or `dmi`.
+    /// Parses one `--metadata-sources` entry: `imds`, `kubernetes`, `dmi`
+    /// or the Go driver's `metadata-labeler`.
     ///
     /// # Errors
     /// A message naming the accepted values.
@@ -116,7 +135,10 @@ impl Source {
             "imds" => Ok(Self::Imds),
             "kubernetes" => Ok(Self::Kubernetes),
             "dmi" => Ok(Self::Dmi),
-            other => Err(format!("unknown metadata source {other:?}: imds, kubernetes or dmi")),
+            "metadata-labeler" => Ok(Self::MetadataLabeler),
+            other => Err(format!(
+                "unknown metadata source {other:?}: imds, kubernetes, dmi or metadata-labeler"
+            )),
         }
     }
 }
@@ -127,6 +149,7 @@ impl fmt::Display for Source {
             Self::Imds => "imds",
             Self::Kubernetes => "kubernetes",
             Self::Dmi => "dmi",
+            Self::MetadataLabeler => "metadata-labeler",
         })
     }
 }
@@ -178,7 +201,7 @@ pub async fn resolve(flags: Found, settings: &Settings) -> Result<NodeMetadata, 
     for &source in &settings.sources {
         let found = match source {
             Source::Imds => imds::read().await.map_err(SourceError::from),
-            Source::Kubernetes => kubernetes::read(&settings.service_account_dir)
+            Source::Kubernetes | Source::MetadataLabeler => kubernetes::read(&settings.service_account_dir)
                 .await
                 .map_err(SourceError::from),
             Source::Dmi => dmi::read(&settings.dmi_dir).map_err(SourceError::from),

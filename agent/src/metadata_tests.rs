@@ -115,8 +115,9 @@ async fn flags_win_over_a_source_and_every_failure_is_named() {
 #[test]
 fn sources_parse_by_name() {
     assert_eq!(Source::parse("kubernetes"), Ok(Source::Kubernetes));
+    assert_eq!(Source::parse("metadata-labeler"), Ok(Source::MetadataLabeler));
     assert_eq!(
         Source::parse("ec2"),
-        Err("unknown metadata source \"ec2\": imds, kubernetes or dmi".into())
+        Err("unknown metadata source \"ec2\": imds, kubernetes, dmi or metadata-labeler".into())
     );
 }

@@ -241,6 +241,36 @@ fn a_pod_that_cannot_reach_imds_reads_its_node_object() {
     );
 }
 
+/// The Go driver's `--metadata-sources metadata-labeler` starts the agent
+/// (a flag of the reference's never fails a start): it reads the Node
+/// object, as `kubernetes` does, and says so.
+#[test]
+fn the_go_drivers_metadata_labeler_source_reads_the_node_object() {
+    let api = KubeApi::start();
+    let unreachable = ["--metadata-sources", "metadata-labeler"];
+    let output = agent_metadata(
+        &api,
+        api.service_account_dir(),
+        NODE_NAME,
+        "http://127.0.0.1:9",
+        &unreachable,
+    );
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "instance id\ti-0fedcba9876543210\navailability zone\teu-west-1b\ninstance type\tm5.xlarge\nmax volumes\t26\n"
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("WARN ebs_csi_agent::metadata: --metadata-sources metadata-labeler is read as kubernetes"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("node metadata read source=metadata-labeler"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn api_server_refusals_are_reported_with_its_message() {
     let api = KubeApi::start();
