@@ -50,8 +50,11 @@ pub enum Role {
     BlockTarget,
     /// A target of either kind (Unpublish).
     AnyTarget,
-    /// A staging or target path (Expand, VolumeStats).
+    /// A staging or target path (Expand).
     Volume,
+    /// A staging or target path, or kubelet's map of a raw block volume
+    /// into a pod (VolumeStats).
+    Stats,
 }
 
 impl Layout {
@@ -64,7 +67,11 @@ impl Layout {
     ///   `plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<pod uid>`
     ///   (`csi_block.go`, `getPublishPath`); raw block staging
     ///   `plugins/kubernetes.io/csi/volumeDevices/staging/<pv>`
-    ///   (`csi_block.go`, `getStagingPath`);
+    ///   (`csi_block.go`, `getStagingPath`); a raw block volume's map into
+    ///   a pod, `plugins/kubernetes.io/csi/volumeDevices/<pv>/dev/<pod uid>`
+    ///   (`csi_plugin.go`, `GetGlobalMapPath`, plus the pod's uid: kubelet
+    ///   bind-mounts the device there, `MapBlockVolume`), the path
+    ///   kubelet's NodeGetVolumeStats names for such a volume;
     /// - Nomad (`client/pluginmanager/csimanager/volume.go`): staging
     ///   `staging/<namespace>/<volume>/<usage>` (`stagingDirForVolume`; the
     ///   namespace came with Nomad 1.5's per-namespace volume ids, before it
@@ -92,7 +99,18 @@ impl Layout {
             Role::BlockTarget => block(),
             Role::AnyTarget => target() || block(),
             Role::Volume => staging() || target() || block(),
+            Role::Stats => staging() || target() || block() || self.is_block_map(below),
         }
+    }
+
+    fn is_block_map(self, below: &[&str]) -> bool {
+        matches!(
+            (self, below),
+            (
+                Self::Kubelet,
+                ["plugins", "kubernetes.io", "csi", "volumeDevices", _, "dev", _]
+            )
+        )
     }
 
     fn is_staging(self, below: &[&str]) -> bool {
@@ -213,6 +231,28 @@ mod tests {
             "plugins/kubernetes.io/csi/volumeDevices/staging/pv-1/x"
         ));
         assert!(!Layout::Nomad.accepts(Role::BlockStaging, &parts("staging/vol/rw")));
+        // kubelet's map of a raw block volume into a pod: VolumeStats only.
+        let block_map = "plugins/kubernetes.io/csi/volumeDevices/pv-1/dev/uid";
+        assert!(kubelet(Role::Stats, block_map));
+        assert!(kubelet(Role::Stats, &staging));
+        for role in [
+            Role::Staging,
+            Role::BlockStaging,
+            Role::Target,
+            Role::BlockTarget,
+            Role::AnyTarget,
+            Role::Volume,
+        ] {
+            assert!(!kubelet(role, block_map), "{role:?}");
+        }
+        assert!(!kubelet(
+            Role::Stats,
+            "plugins/kubernetes.io/csi/volumeDevices/pv-1/data/uid"
+        ));
+        assert!(!kubelet(
+            Role::Stats,
+            "plugins/kubernetes.io/csi/volumeDevices/pv-1/dev"
+        ));
         for refused in [
             "pods",
             "pods/uid/etc-hosts",

@@ -307,6 +307,27 @@ async fn raw_block_publish_exposes_the_device() {
         .into_inner();
     assert_eq!(u64::try_from(stats.usage[0].total).unwrap(), volume.size_bytes());
     assert!(!stats.volume_condition.unwrap().abnormal);
+    // kubelet maps the device into the pod with a bind at
+    // volumeDevices/<pv>/dev/<pod uid> (`MapBlockVolume`), and names that
+    // map in its NodeGetVolumeStats (seen from a real kubelet).
+    let map = node
+        .sandbox
+        .kubelet()
+        .join("plugins/kubernetes.io/csi/volumeDevices/pv-1/dev/pod-1");
+    std::fs::create_dir_all(map.parent().unwrap()).unwrap();
+    std::fs::File::create(&map).unwrap();
+    rustix::mount::mount_bind(node.target.as_path(), map.as_path()).unwrap();
+    let mapped = node
+        .client
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: volume_id.into(),
+            volume_path: path(&map),
+            staging_target_path: String::new(),
+        })
+        .await;
+    rustix::mount::unmount(map.as_path(), rustix::mount::UnmountFlags::empty()).unwrap();
+    let mapped = mapped.unwrap().into_inner();
+    assert_eq!(u64::try_from(mapped.usage[0].total).unwrap(), volume.size_bytes());
     let mut backing = std::fs::File::open(&volume.file).unwrap();
     backing.read_exact(&mut back).unwrap();
     assert_eq!(&back, b"raw bytes", "the bytes reached the volume");

@@ -12,14 +12,15 @@ use crate::error::Operation;
 use crate::layout::Role;
 
 impl Handler {
-    /// VolumeStats (read-only, so outside the lock): the volume path must
-    /// be the root of a mount the helper makes (ext2/3/4 or XFS, or a
-    /// device node's bind); the disk behind it (the filesystem's device, or
+    /// VolumeStats (read-only, so outside the lock): the volume path (a
+    /// staging or target path, or kubelet's map of a raw block volume into
+    /// a pod) must be the root of a mount of ext2/3/4 or XFS, or a device
+    /// node's bind; the disk behind it (the filesystem's device, or
     /// the node's) must prove to be the volume; then statvfs of that same
     /// mount's fd, or the device's size.
     pub(super) fn volume_stats(&self, r: &VolumeStatsRequest) -> Result<Reply, HelperError> {
         let mounts = self.kernel.mounts()?;
-        let path = self.roots.check(&r.volume_path, Role::Volume)?;
+        let path = self.roots.check(&r.volume_path, Role::Stats)?;
         let not_mounted = || HelperError::NotMounted {
             path: r.volume_path.clone(),
         };
