@@ -79,13 +79,15 @@ struct Args {
     /// `kubernetes` metadata source.
     #[arg(long, default_value = "/var/run/secrets/kubernetes.io/serviceaccount")]
     service_account_dir: PathBuf,
-    /// Maximum volumes per node to report, overriding the instance type's.
-    #[arg(long)]
-    volume_attach_limit: Option<u32>,
+    /// Maximum volumes per node to report, overriding the instance type's
+    /// (-1, the Go driver's default: the instance type's).
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..=i64::from(u32::MAX)))]
+    volume_attach_limit: Option<i64>,
     /// Attachments taken by volumes the instance boots with, root included
-    /// (default: the root and IMDS's block-device-mapping EBS volumes).
-    #[arg(long)]
-    reserved_volume_attachments: Option<u32>,
+    /// (default, or -1 as the Go driver's: the root and IMDS's
+    /// block-device-mapping EBS volumes).
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..=i64::from(u32::MAX)))]
+    reserved_volume_attachments: Option<i64>,
     /// Seconds NodeStageVolume and block NodePublishVolume wait for the
     /// volume's device to appear.
     #[arg(long, default_value_t = 60)]
@@ -112,6 +114,11 @@ struct Args {
     /// features such kernels cannot mount (bigtime, inobtcount, reflink).
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set)]
     legacy_xfs: bool,
+    /// The Go driver's flag for a Windows node's privileged container:
+    /// accepted (`=false` as its Linux manifests may spell it), ignored with
+    /// a warning if true (the agent serves Linux nodes only).
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set)]
+    windows_host_process: bool,
     /// klog's and other flags of the Go driver's manifests, ignored.
     #[command(flatten)]
     go_driver: GoDriverFlags,
@@ -166,10 +173,13 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse_from(go_flags::without_mode(std::env::args_os(), "node"));
+    let args = Args::parse_from(go_flags::as_the_go_driver_reads(std::env::args_os(), "node"));
     args.version.answer_if_asked();
     ebs_csi_proto::endpoint::init_logging(args.logging_format, args.v, &[]);
     args.go_driver.warn();
+    if args.windows_host_process {
+        go_flags::warn_ignored("--windows-host-process=true", "the agent serves Linux nodes only");
+    }
     metadata::warn_of_metadata_labeler(&args.metadata_sources);
     // 1. A command: do it and exit.
     if let Some(command) = &args.command {
@@ -231,8 +241,11 @@ impl Node {
         };
         let metadata = metadata::resolve(flags, &settings).await.context("node metadata")?;
         let limit = LimitSettings {
-            fixed: args.volume_attach_limit,
-            reserved: args.reserved_volume_attachments.unwrap_or(1 + metadata.boot_volumes),
+            fixed: args.volume_attach_limit.and_then(|n| u32::try_from(n).ok()),
+            reserved: args
+                .reserved_volume_attachments
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(1 + metadata.boot_volumes),
         };
         let max_volumes = limit.max_volumes(&metadata.instance_type, metadata.network_interfaces.unwrap_or(1));
         Ok(Self {

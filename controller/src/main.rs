@@ -103,6 +103,16 @@ struct Args {
     aws_sdk_debug_log: bool,
     #[command(flatten)]
     metrics: MetricsFlags,
+    /// Serve every EC2 call's series also under the Kubernetes in-tree
+    /// cloud provider's names, `cloudprovider_aws_api_*` (the Go driver's
+    /// deprecated flag; `--deprecated-metrics` or `=true`).
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set)]
+    deprecated_metrics: bool,
+    /// The Go driver's instance metadata sources, which its controller
+    /// reads the region from: accepted and ignored with a warning (the
+    /// region is --region's, else the SDK's: AWS_REGION, the profile, IMDS).
+    #[arg(long)]
+    metadata_sources: Option<String>,
     /// klog's and other flags of the Go driver's manifests, ignored.
     #[command(flatten)]
     go_driver: GoDriverFlags,
@@ -127,7 +137,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse_from(go_flags::without_mode(std::env::args_os(), "controller"));
+    let args = Args::parse_from(go_flags::as_the_go_driver_reads(std::env::args_os(), "controller"));
     args.version.answer_if_asked();
     name_the_driver_in_the_user_agent(args.user_agent_extra.as_deref());
     tokio::runtime::Builder::new_multi_thread()
@@ -174,13 +184,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     ebs_csi_proto::endpoint::init_logging(args.logging_format, args.v, sdk_debug);
     args.go_driver.warn();
+    if let Some(sources) = &args.metadata_sources {
+        go_flags::warn_ignored(
+            &format!("--metadata-sources={sources}"),
+            "the region is --region's, else AWS_REGION's, the profile's or IMDS's",
+        );
+    }
     let socket = endpoint::socket_path(&args.endpoint)?;
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
     if let Some(region) = args.region {
         loader = loader.region(aws_config::Region::new(region));
     }
     let config = loader.load().await;
-    let metrics = ApiMetrics::new().context("metrics")?;
+    let metrics = ApiMetrics::new(args.deprecated_metrics).context("metrics")?;
     let served = metrics.clone();
     metrics_http::start(&args.metrics, move || {
         let metrics = served.clone();

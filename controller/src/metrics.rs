@@ -42,14 +42,78 @@ impl From<Ec2Error> for Failure {
     }
 }
 
+/// The names and help texts of one set of the per-API series: the Go
+/// driver's (`pkg/metrics/constants.go`), current or deprecated.
+struct Names {
+    duration: &'static str,
+    errors: &'static str,
+    throttles: &'static str,
+    /// Appended to each help text.
+    help: &'static str,
+}
+
+const CURRENT: Names = Names {
+    duration: "aws_ebs_csi_api_request_duration_seconds",
+    errors: "aws_ebs_csi_api_request_errors_total",
+    throttles: "aws_ebs_csi_api_request_throttles_total",
+    help: "",
+};
+
+/// The Kubernetes in-tree cloud provider's names, which the Go driver
+/// serves beside its own with `--deprecated-metrics`.
+const DEPRECATED: Names = Names {
+    duration: "cloudprovider_aws_api_request_duration_seconds",
+    errors: "cloudprovider_aws_api_request_errors",
+    throttles: "cloudprovider_aws_api_throttled_requests_total",
+    help: " (deprecated)",
+};
+
+/// One set of the per-API series.
+#[derive(Clone, Debug)]
+struct Series {
+    duration: HistogramVec,
+    errors: IntCounterVec,
+    throttles: IntCounterVec,
+}
+
+impl Series {
+    /// The series `names` gives, registered in `registry`.
+    fn register(registry: &Registry, names: &Names) -> prometheus::Result<Self> {
+        let help = |text: &str| format!("{text}{}", names.help);
+        let series = Self {
+            duration: HistogramVec::new(
+                HistogramOpts::new(names.duration, help("Duration by request type in seconds")),
+                &["request"],
+            )?,
+            errors: IntCounterVec::new(
+                Opts::new(
+                    names.errors,
+                    help("Total number of errors by error code and request type"),
+                ),
+                &["request", "code"],
+            )?,
+            throttles: IntCounterVec::new(
+                Opts::new(
+                    names.throttles,
+                    help("Total number of throttled requests per request type"),
+                ),
+                &["operation_name"],
+            )?,
+        };
+        registry.register(Box::new(series.duration.clone()))?;
+        registry.register(Box::new(series.errors.clone()))?;
+        registry.register(Box::new(series.throttles.clone()))?;
+        Ok(series)
+    }
+}
+
 /// Per-API duration, errors and throttles, and the detachments that take
 /// long.
 #[derive(Clone, Debug)]
 pub struct ApiMetrics {
     registry: Registry,
-    duration: HistogramVec,
-    errors: IntCounterVec,
-    throttles: IntCounterVec,
+    /// The current series, then the deprecated ones if asked for.
+    series: Vec<Series>,
     detach_pending: DetachPending,
 }
 
@@ -60,40 +124,31 @@ impl ApiMetrics {
     /// code}` (calls that failed after the SDK's retries),
     /// `aws_ebs_csi_api_request_throttles_total{operation_name}` (every
     /// throttled attempt, retried or not) and
-    /// `aws_ebs_csi_ec2_detach_pending_seconds_total` ([`DetachPending`]).
+    /// `aws_ebs_csi_ec2_detach_pending_seconds_total` ([`DetachPending`]);
+    /// with `deprecated` (the Go driver's `--deprecated-metrics`), the same
+    /// points also as `cloudprovider_aws_api_request_duration_seconds`,
+    /// `cloudprovider_aws_api_request_errors` and
+    /// `cloudprovider_aws_api_throttled_requests_total` (`pkg/cloud/handlers.go`
+    /// there).
     ///
     /// # Errors
     /// A registration error (never for these fixed names).
-    pub fn new() -> prometheus::Result<Self> {
+    pub fn new(deprecated: bool) -> prometheus::Result<Self> {
         let registry = Registry::new();
-        let duration = HistogramVec::new(
-            HistogramOpts::new(
-                "aws_ebs_csi_api_request_duration_seconds",
-                "EC2 API request duration in seconds",
-            ),
-            &["request"],
-        )?;
-        let errors = IntCounterVec::new(
-            Opts::new("aws_ebs_csi_api_request_errors_total", "EC2 API request errors"),
-            &["request", "code"],
-        )?;
-        let throttles = IntCounterVec::new(
-            Opts::new(
-                "aws_ebs_csi_api_request_throttles_total",
-                "EC2 API request attempts throttled",
-            ),
-            &["operation_name"],
-        )?;
+        let names: &[&Names] = if deprecated {
+            &[&CURRENT, &DEPRECATED]
+        } else {
+            &[&CURRENT]
+        };
+        let series = names
+            .iter()
+            .map(|names| Series::register(&registry, names))
+            .collect::<prometheus::Result<_>>()?;
         let detach_pending = DetachPending::default();
-        registry.register(Box::new(duration.clone()))?;
-        registry.register(Box::new(errors.clone()))?;
-        registry.register(Box::new(throttles.clone()))?;
         registry.register(Box::new(detach_pending.clone()))?;
         Ok(Self {
             registry,
-            duration,
-            errors,
-            throttles,
+            series,
             detach_pending,
         })
     }
@@ -108,13 +163,16 @@ impl ApiMetrics {
         let start = Instant::now();
         match call.await {
             Ok(out) => {
-                self.duration
-                    .with_label_values(&[request])
-                    .observe(start.elapsed().as_secs_f64());
+                let seconds = start.elapsed().as_secs_f64();
+                for series in &self.series {
+                    series.duration.with_label_values(&[request]).observe(seconds);
+                }
                 Ok(out)
             }
             Err(Failure { code, error }) => {
-                self.errors.with_label_values(&[request, code.as_str()]).inc();
+                for series in &self.series {
+                    series.errors.with_label_values(&[request, code.as_str()]).inc();
+                }
                 Err(error)
             }
         }
@@ -123,7 +181,7 @@ impl ApiMetrics {
     /// An SDK interceptor that counts each throttled attempt by operation,
     /// as the SDK's own retry classifiers judge it.
     pub fn throttle_counter(&self) -> ThrottleCounter {
-        ThrottleCounter(self.throttles.clone())
+        ThrottleCounter(self.series.iter().map(|series| series.throttles.clone()).collect())
     }
 
     /// The tracker of detachments that take long, rendered with these
@@ -141,10 +199,11 @@ impl ApiMetrics {
     }
 }
 
-/// Counts `aws_ebs_csi_api_request_throttles_total{operation_name}` after
-/// every attempt, where the Go driver's middleware does.
+/// Counts `aws_ebs_csi_api_request_throttles_total{operation_name}` (and
+/// its deprecated name, if served) after every attempt, where the Go
+/// driver's middleware does.
 #[derive(Debug)]
-pub struct ThrottleCounter(IntCounterVec);
+pub struct ThrottleCounter(Vec<IntCounterVec>);
 
 impl Intercept for ThrottleCounter {
     fn name(&self) -> &'static str {
@@ -164,7 +223,9 @@ impl Intercept for ThrottleCounter {
         }) = verdict
         {
             let operation = cfg.load::<Metadata>().map_or("unknown", Metadata::name);
-            self.0.with_label_values(&[operation]).inc();
+            for throttles in &self.0 {
+                throttles.with_label_values(&[operation]).inc();
+            }
         }
         Ok(())
     }

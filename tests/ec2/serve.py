@@ -120,6 +120,8 @@ FAULTS = {
     # answers 503 RequestLimitExceeded (EC2 API Reference, "Error codes";
     # the SDK retries it as a throttling error).
     "throttle": (None, 503, "RequestLimitExceeded", "Request limit exceeded."),
+    # The same, for AttachVolume alone (a mutating call).
+    "throttle-attach": ("AttachVolume", 503, "RequestLimitExceeded", "Request limit exceeded."),
     # DetachVolume of a volume that is no longer attached: the message EC2
     # sends, as captured in kubernetes-sigs/aws-ebs-csi-driver#1801.
     "detach-available": ("DetachVolume", 400, "IncorrectState", "Volume '{VolumeId}' is in the 'available' state."),

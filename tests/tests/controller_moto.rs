@@ -124,9 +124,16 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
         "--log_file_max_size",
         "1800",
         "--enable-otel-tracing=true",
+        "--metadata-sources=imds,kubernetes",
     ])
     .await;
     let metrics_address = metrics_address(&controller);
+    let log = controller.process.log();
+    assert!(
+        log.contains("flag=\"--metadata-sources=imds,kubernetes\"")
+            && log.contains("the region is --region's, else AWS_REGION's, the profile's or IMDS's"),
+        "{log}"
+    );
     let request = create_request(
         "pvc-a",
         4,
@@ -293,6 +300,8 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
     ] {
         assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
     }
+    // The in-tree cloud provider's names only with --deprecated-metrics.
+    assert!(!metrics.contains("cloudprovider_aws"), "{metrics}");
 }
 
 /// The port the kernel chose for `--http-endpoint 127.0.0.1:0`, from the
@@ -1199,6 +1208,7 @@ async fn ec2s_own_answers_are_survived_over_the_wire() {
         cert_arg,
         "--metrics-key-file",
         key_arg,
+        "--deprecated-metrics",
     ])
     .await;
     // Two throttled calls: the SDK's third attempt (adaptive mode) passes.
@@ -1309,9 +1319,53 @@ async fn ec2s_own_answers_are_survived_over_the_wire() {
         "aws_ebs_csi_api_request_throttles_total{operation_name=\"DescribeVolumes\"} 2",
         "aws_ebs_csi_api_request_errors_total{code=\"IncorrectState\",request=\"DetachVolume\"} 1",
         "aws_ebs_csi_api_request_errors_total{code=\"IdempotentParameterMismatch\",request=\"CreateVolume\"} 1",
+        // The same points under the in-tree cloud provider's names
+        // (--deprecated-metrics), as the Go driver serves them.
+        "# HELP cloudprovider_aws_api_throttled_requests_total Total number of throttled requests per request type (deprecated)",
+        "cloudprovider_aws_api_throttled_requests_total{operation_name=\"DescribeVolumes\"} 2",
+        "cloudprovider_aws_api_request_errors{code=\"IncorrectState\",request=\"DetachVolume\"} 1",
+        "cloudprovider_aws_api_request_errors{code=\"IdempotentParameterMismatch\",request=\"CreateVolume\"} 1",
     ] {
         assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
     }
+    let created = metrics
+        .lines()
+        .find(|l| l.starts_with("aws_ebs_csi_api_request_duration_seconds_count{request=\"CreateVolume\"}"))
+        .unwrap_or_else(|| panic!("no CreateVolume duration in:\n{metrics}"));
+    let deprecated = created.replace("aws_ebs_csi_api", "cloudprovider_aws_api");
+    assert!(metrics.contains(&deprecated), "{deprecated} missing from:\n{metrics}");
+}
+
+/// A mutating call gets the Go driver's 50 attempts
+/// (`pkg/cloud/retry_manager.go`), where the SDK's default is three: three
+/// throttled AttachVolume attempts, and the fourth attaches the volume, in
+/// one call, with no error counted. Each retry waits for the SDK's adaptive
+/// rate limiter (about 18 s once it has slowed to its lowest rate).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_throttled_mutating_call_gets_the_go_drivers_attempts() {
+    let Setup {
+        moto,
+        mut client,
+        controller,
+        _sandbox,
+    } = setup(&["--http-endpoint", "127.0.0.1:0"]).await;
+    let node = moto.run_instance(REGION, ZONE);
+    let volume = create(&mut client, "pvc-attached", 2).await;
+    moto.fault("throttle-attach", 3);
+    client
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            node_id: node,
+            volume_capability: Some(mount()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(moto.fault_left("throttle-attach"), 0);
+    let metrics = http_get(&metrics_address(&controller), "/metrics");
+    let throttled = "aws_ebs_csi_api_request_throttles_total{operation_name=\"AttachVolume\"} 3";
+    assert!(metrics.contains(throttled), "{throttled} missing from:\n{metrics}");
+    assert!(!metrics.contains("code=\"RequestLimitExceeded\""), "{metrics}");
 }
 
 /// EC2 answers CreateVolume `creating` and lists the new volume only a

@@ -77,3 +77,55 @@ fn both_binaries_take_the_go_charts_arguments() {
         assert!(!refused.status.success(), "{name} took the mode {other}: {refused:?}");
     }
 }
+
+/// Every flag the Go driver's binary registers for each mode
+/// (`pkg/driver/options.go` `AddFlags` and `cmd/main.go` at v1.64.0), each
+/// given its Go default as a templated manifest spells it (`--name=` for an
+/// empty string, `-1` for "unset"): each binary starts with its mode's.
+#[test]
+fn both_binaries_take_every_flag_of_the_go_driver_at_its_default() {
+    let common = [
+        "--kubeconfig=",
+        "--http-endpoint=",
+        "--metrics-cert-file=",
+        "--metrics-key-file=",
+        "--enable-otel-tracing=false",
+        "--metadata-sources=imds,kubernetes",
+        "--logging-format=text",
+        "--v=2",
+        "--logtostderr",
+    ];
+    let node = [
+        "--endpoint=unix:/csi/csi.sock",
+        "--volume-attach-limit=-1",
+        "--reserved-volume-attachments=-1",
+        "--windows-host-process=false",
+        "--legacy-xfs=false",
+        "--csi-mount-point-prefix=",
+    ];
+    let controller = [
+        "--endpoint=unix:///var/lib/csi/sockets/pluginproxy/csi.sock",
+        "--extra-tags=",
+        "--extra-volume-tags=",
+        "--k8s-tag-cluster-id=",
+        "--aws-sdk-debug-log=false",
+        "--warn-on-invalid-tag=false",
+        "--user-agent-extra=",
+        "--batching=false",
+        "--modify-volume-request-handler-timeout=2s",
+        "--deprecated-metrics=false",
+    ];
+    for (name, mode, own) in [
+        ("ebs-csi-agent", "node", &node[..]),
+        ("ebs-csi-controller", "controller", &controller[..]),
+    ] {
+        let output = Command::new(binary(name))
+            .arg(mode)
+            .args(common)
+            .args(own)
+            .arg("--version")
+            .output()
+            .expect(name);
+        assert!(output.status.success(), "{name}: {output:?}");
+    }
+}

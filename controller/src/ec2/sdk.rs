@@ -24,7 +24,8 @@ use super::{
 use crate::metrics::{ApiMetrics, Failure};
 use crate::volume_type;
 
-/// The mutating APIs that get a retry partition of their own.
+/// The mutating APIs that get a retry partition of their own, and
+/// [`MUTATING_ATTEMPTS`].
 const MUTATING: [&str; 12] = [
     "CreateVolume",
     "CopyVolumes",
@@ -39,6 +40,11 @@ const MUTATING: [&str; 12] = [
     "CreateTags",
     "DeleteTags",
 ];
+
+/// The attempts a mutating call gets, as the Go driver gives each of its
+/// mutating APIs' adaptive retryers (`pkg/cloud/retry_manager.go`,
+/// `retryMaxAttempt`): enough that the CO's deadline ends the call first.
+const MUTATING_ATTEMPTS: u32 = 50;
 
 /// The IOPS a maximum-discovering dry run asks for: more than any volume
 /// type has (io2 Block Express: 256,000; EC2 API Reference, CreateVolume).
@@ -66,9 +72,9 @@ impl SdkEc2 {
             .is_err()
             .then(|| std::env::var("AWS_EC2_ENDPOINT").ok())
             .flatten();
-        let client = |partition: &str| {
+        let client = |partition: &str, retry: RetryConfig| {
             let mut conf = aws_sdk_ec2::config::Builder::from(config)
-                .retry_config(RetryConfig::adaptive())
+                .retry_config(retry)
                 .retry_partition(RetryPartition::new(format!("ebs-csi-{partition}")))
                 .interceptor(metrics.throttle_counter());
             if let Some(url) = &endpoint {
@@ -78,8 +84,16 @@ impl SdkEc2 {
             Client::from_conf(conf)
         };
         Self {
-            describe: client("describe"),
-            mutating: MUTATING.iter().map(|api| (*api, client(api))).collect(),
+            describe: client("describe", RetryConfig::adaptive()),
+            mutating: MUTATING
+                .iter()
+                .map(|api| {
+                    (
+                        *api,
+                        client(api, RetryConfig::adaptive().with_max_attempts(MUTATING_ATTEMPTS)),
+                    )
+                })
+                .collect(),
             metrics,
         }
     }

@@ -75,17 +75,37 @@ const IGNORED: &[Ignored] = &[
     ),
 ];
 
-/// The command line `args` (the program's name first) without the Go
-/// driver's mode argument `mode` where it comes first: its Deployment
-/// passes `controller` and its DaemonSet `node` before their flags
-/// (`charts/aws-ebs-csi-driver/templates/_node.tpl`, `controller.yaml`),
-/// and each binary here serves its one mode. Another mode (`all`, the
-/// other binary's) stays, for the parser to refuse.
-pub fn without_mode(args: impl IntoIterator<Item = OsString>, mode: &str) -> Vec<OsString> {
+/// The Go driver's string flags whose default is empty
+/// (`pkg/driver/options.go`, `cmd/main.go`): given empty (`--name=`, as a
+/// templated manifest spells an unset value), each is unset, as for Go.
+const EMPTY_BY_DEFAULT: &[&str] = &[
+    "kubeconfig",
+    "http-endpoint",
+    "metrics-cert-file",
+    "metrics-key-file",
+    "extra-tags",
+    "extra-volume-tags",
+    "k8s-tag-cluster-id",
+    "user-agent-extra",
+    "csi-mount-point-prefix",
+];
+
+/// The command line `args` (the program's name first) as the Go driver
+/// reads it: without its mode argument `mode` where it comes first — its
+/// Deployment passes `controller` and its DaemonSet `node` before their
+/// flags (`charts/aws-ebs-csi-driver/templates/_node.tpl`,
+/// `controller.yaml`), and each binary here serves its one mode (another
+/// mode, `all` or the other binary's, stays for the parser to refuse) —
+/// and without the flags of [`EMPTY_BY_DEFAULT`] given empty.
+pub fn as_the_go_driver_reads(args: impl IntoIterator<Item = OsString>, mode: &str) -> Vec<OsString> {
     let mut args: Vec<OsString> = args.into_iter().collect();
     if args.get(1).is_some_and(|first| first == mode) {
         args.remove(1);
     }
+    args.retain(|arg| {
+        let unset = arg.to_str().and_then(|arg| arg.strip_prefix("--")?.strip_suffix('='));
+        !unset.is_some_and(|name| EMPTY_BY_DEFAULT.contains(&name))
+    });
     args
 }
 
@@ -101,12 +121,18 @@ impl GoDriverFlags {
     /// set up).
     pub fn warn(&self) {
         for (flag, why) in &self.given {
-            tracing::warn!(
-                flag,
-                "a flag of the Go driver that means nothing here is ignored: {why}"
-            );
+            warn_ignored(flag, why);
         }
     }
+}
+
+/// Logs a warning that the Go driver's flag `flag` (as given,
+/// `--name=value`) is ignored, and `why`.
+pub fn warn_ignored(flag: &str, why: &str) {
+    tracing::warn!(
+        flag,
+        "a flag of the Go driver that means nothing here is ignored: {why}"
+    );
 }
 
 impl FromArgMatches for GoDriverFlags {
@@ -169,14 +195,33 @@ mod tests {
     fn drops_the_mode_only_where_it_comes_first() {
         let given = |args: &[&str]| args.iter().map(OsString::from).collect::<Vec<_>>();
         let node = given(&["ebs-csi-agent", "node", "--v=5"]);
-        assert_eq!(without_mode(node, "node"), given(&["ebs-csi-agent", "--v=5"]));
+        assert_eq!(as_the_go_driver_reads(node, "node"), given(&["ebs-csi-agent", "--v=5"]));
         for kept in [
             given(&["ebs-csi-agent", "--v=5", "node"]),
             given(&["ebs-csi-agent", "all", "--v=5"]),
             given(&["ebs-csi-agent"]),
         ] {
-            assert_eq!(without_mode(kept.clone(), "node"), kept);
+            assert_eq!(as_the_go_driver_reads(kept.clone(), "node"), kept);
         }
+    }
+
+    /// A string flag whose Go default is empty, given empty, is unset; any
+    /// other flag given empty stays, for the parser to judge.
+    #[test]
+    fn drops_go_string_flags_given_empty() {
+        let given = |args: &[&str]| args.iter().map(OsString::from).collect::<Vec<_>>();
+        let line = given(&[
+            "ebs-csi-controller",
+            "--k8s-tag-cluster-id=",
+            "--http-endpoint=",
+            "--user-agent-extra=helm",
+            "--endpoint=",
+            "--v=",
+        ]);
+        assert_eq!(
+            as_the_go_driver_reads(line, "controller"),
+            given(&["ebs-csi-controller", "--user-agent-extra=helm", "--endpoint=", "--v="])
+        );
     }
 
     /// The arguments of the Go driver's Helm chart and manifests, with

@@ -27,9 +27,9 @@ use tokio_rustls::TlsAcceptor;
 /// served (the Go driver's names).
 #[derive(Clone, Debug, clap::Args)]
 pub struct MetricsFlags {
-    /// Serve Prometheus metrics on this TCP address, e.g. `0.0.0.0:3301`
-    /// (default: none).
-    #[arg(long)]
+    /// Serve Prometheus metrics on this TCP address, e.g. `0.0.0.0:3301`,
+    /// or `:3301` (every address, as Go reads it; default: none).
+    #[arg(long, value_parser = parse_http_endpoint)]
     pub http_endpoint: Option<SocketAddr>,
     /// Serve metrics over TLS with this PEM certificate (the server's,
     /// then any intermediates).
@@ -38,6 +38,19 @@ pub struct MetricsFlags {
     /// The PEM private key (PKCS#8, PKCS#1 or SEC1) of `--metrics-cert-file`.
     #[arg(long, requires = "metrics_cert_file")]
     pub metrics_key_file: Option<PathBuf>,
+}
+
+/// `--http-endpoint`'s address: `host:port` with an IP address, or
+/// `:port`, every address of the host, IPv6 and IPv4 (`[::]`, as Go's
+/// `net.Listen` reads an empty host; the Go driver's docs give `:8080`).
+fn parse_http_endpoint(text: &str) -> Result<SocketAddr, String> {
+    let address = match text.strip_prefix(':') {
+        Some(port) => format!("[::]:{port}"),
+        None => text.to_owned(),
+    };
+    address
+        .parse()
+        .map_err(|_| format!("{text:?} is not an address such as 0.0.0.0:3301 or :3301"))
 }
 
 /// Why `/metrics` could not be served.
@@ -196,6 +209,21 @@ mod tests {
         let mut response = String::new();
         stream.read_to_string(&mut response).await.unwrap();
         response
+    }
+
+    /// The Go driver's spellings of the address: an IP and port, or a port
+    /// alone for every address.
+    #[test]
+    fn http_endpoints_as_go_reads_them() {
+        assert_eq!(
+            parse_http_endpoint("0.0.0.0:3301").unwrap(),
+            "0.0.0.0:3301".parse().unwrap()
+        );
+        assert_eq!(parse_http_endpoint(":8080").unwrap(), "[::]:8080".parse().unwrap());
+        assert_eq!(
+            parse_http_endpoint("metrics:80").unwrap_err(),
+            "\"metrics:80\" is not an address such as 0.0.0.0:3301 or :3301"
+        );
     }
 
     /// A request that arrives in pieces (clients flush as they format) is
