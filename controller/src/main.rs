@@ -22,6 +22,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use ebs_csi_proto::endpoint;
+use ebs_csi_proto::modify::modify_server::ModifyServer;
 use ebs_csi_proto::v1::controller_server::ControllerServer;
 use ebs_csi_proto::v1::group_controller_server::GroupControllerServer;
 use ebs_csi_proto::v1::identity_server::IdentityServer;
@@ -240,12 +241,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         socket.display().to_string()
     };
-    tracing::info!(socket = %on, region = ?config.region(), "serving CSI Identity, Controller and GroupController");
+    tracing::info!(socket = %on, region = ?config.region(), "serving CSI Identity, Controller and GroupController, and volume-modifier-for-k8s's Modify");
     let controller = Arc::new(ControllerService::new(Arc::clone(&ec2), settings));
     tonic::transport::Server::builder()
         .add_service(IdentityServer::new(IdentityService::new(ec2, CONTROLLER_SERVICES)))
         .add_service(ControllerServer::from_arc(Arc::clone(&controller)))
-        .add_service(GroupControllerServer::from_arc(controller))
+        .add_service(GroupControllerServer::from_arc(Arc::clone(&controller)))
+        .add_service(ModifyServer::from_arc(controller))
         .serve_with_incoming_shutdown(endpoint::connections(listening.listener), endpoint::shutdown_signal())
         .await?;
     if let Some(metadata) = metadata {

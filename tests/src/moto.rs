@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use ebs_csi_proto::modify::modify_client::ModifyClient;
 use ebs_csi_proto::v1::controller_client::ControllerClient;
 use ebs_csi_proto::v1::group_controller_client::GroupControllerClient;
 use ebs_csi_proto::v1::identity_client::IdentityClient;
@@ -423,6 +424,11 @@ impl Controller {
     /// A CSI Identity client.
     pub async fn identity(&self) -> IdentityClient<Channel> {
         IdentityClient::new(channel(&self.socket).await)
+    }
+
+    /// A client of the volume-modifier-for-k8s sidecar's service.
+    pub async fn modifier(&self) -> ModifyClient<Channel> {
+        ModifyClient::new(channel(&self.socket).await)
     }
 
     /// A CSI GroupController client.

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 
+use ebs_csi_proto::modify::{GetCsiDriverModificationCapabilityRequest, ModifyVolumePropertiesRequest};
 use ebs_csi_proto::v1::controller_client::ControllerClient;
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
@@ -494,6 +495,47 @@ async fn ec2_judges_throughput_and_its_refusal_reaches_the_co() {
     );
     let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
     assert_eq!(xml_values(&xml, "iops"), vec!["8000"], "the refused change was applied");
+}
+
+/// The volume-modifier-for-k8s sidecar's `modify.v1.Modify` on the
+/// controller's socket, as the Go driver serves it for a PVC's
+/// `ebs.csi.aws.com/<key>` annotations: ModifyVolumeProperties changes the
+/// volume as a VolumeAttributesClass with the same keys would, a refused key
+/// is ControllerModifyVolume's INVALID_ARGUMENT with nothing changed, and the
+/// capability is the Go driver's empty answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_volume_modifiers_annotations_modify_the_volume() {
+    let world = setup(&[]).await;
+    let (moto, mut client) = (&world.moto, world.client.clone());
+    let mut modifier = world.controller.modifier().await;
+    modifier
+        .get_csi_driver_modification_capability(GetCsiDriverModificationCapabilityRequest {})
+        .await
+        .unwrap();
+    let volume = created(&mut client, create_request("pvc-annotated", 10, &[("type", "gp2")])).await;
+    let annotations = |pairs: &[(&str, &str)]| ModifyVolumePropertiesRequest {
+        name: volume.volume_id.clone(),
+        parameters: pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+        context: HashMap::from([("csi.storage.k8s.io/pvc/name".to_owned(), "data".to_owned())]),
+    };
+    let refused = modifier
+        .modify_volume_properties(annotations(&[("iops", "many")]))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
+    assert_eq!(
+        xml_values(&xml, "volumeType"),
+        vec!["gp2"],
+        "the refused change was applied"
+    );
+    modifier
+        .modify_volume_properties(annotations(&[("type", "gp3"), ("iops", "4000"), ("throughput", "250")]))
+        .await
+        .unwrap();
+    let xml = moto.volume_once(REGION, &volume.volume_id, |xml| xml.contains("<iops>4000</iops>"));
+    assert_eq!(xml_values(&xml, "volumeType"), vec!["gp3"]);
+    assert_eq!(xml_values(&xml, "throughput"), vec!["250"]);
 }
 
 /// Flags and a class key of the Go driver's, as a cluster that switches

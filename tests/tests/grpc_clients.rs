@@ -22,6 +22,9 @@ use prost::Message;
 
 const GET_PLUGIN_INFO: &str = "/csi.v1.Identity/GetPluginInfo";
 const NODE_GET_INFO: &str = "/csi.v1.Node/NodeGetInfo";
+/// The volume-modifier-for-k8s sidecar's first call, by the method name its
+/// generated client sends (`pkg/rpc/modify_grpc.pb.go`).
+const MODIFICATION_CAPABILITY: &str = "/modify.v1.Modify/GetCSIDriverModificationCapability";
 
 /// The hex a client printed, as bytes.
 fn response(output: std::process::Output, client: &str) -> Vec<u8> {
@@ -125,5 +128,9 @@ fn the_controller_socket_serves_every_client() {
     for (client, bytes) in every_client(&controller.socket, GET_PLUGIN_INFO) {
         let info = GetPluginInfoResponse::decode(bytes.as_slice()).unwrap();
         assert_eq!(info.name, "ebs.csi.aws.com", "{client}");
+    }
+    // The Go driver's empty answer, to every client.
+    for (client, bytes) in every_client(&controller.socket, MODIFICATION_CAPABILITY) {
+        assert!(bytes.is_empty(), "{client}: {bytes:?}");
     }
 }

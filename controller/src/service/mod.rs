@@ -9,6 +9,7 @@ mod groups;
 pub mod identity;
 mod iops_ceiling;
 mod modify;
+mod modify_properties;
 mod snapshots;
 mod tokens;
 mod topology;

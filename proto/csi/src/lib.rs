@@ -23,6 +23,13 @@ pub mod v1 {
     tonic::include_proto!("csi.v1");
 }
 
+/// Package `modify.v1`, the volume-modifier-for-k8s sidecar's service,
+/// generated at build time from `modify.proto`.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod modify {
+    tonic::include_proto!("modify.v1");
+}
+
 /// The name every CSI endpoint of this project reports in `GetPluginInfo`,
 /// the same as the Go driver's so existing volumes keep working.
 pub const DRIVER_NAME: &str = "ebs.csi.aws.com";
