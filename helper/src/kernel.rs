@@ -36,13 +36,17 @@ use crate::runner::Runner;
 
 /// What the requests ask of the kernel. Each method is one step of
 /// `docs/helper.md`; its errors are the [`HelperError`]s that step answers.
+/// A provided method is the kernel's own call, needing nothing of
+/// [`Linux`]'s; the requests' fake overrides every method.
 pub trait Kernel: fmt::Debug + Send + Sync {
     /// The mount tables every check reads: the helper's own and the node's
     /// ([`MountTables::read`]).
     fn mounts(&self) -> Result<Vec<MountEntry>, HelperError>;
 
     /// What `statx` says of `fd` ([`mount::inspect`]).
-    fn inspect(&self, fd: BorrowedFd<'_>) -> Result<Node, HelperError>;
+    fn inspect(&self, fd: BorrowedFd<'_>) -> Result<Node, HelperError> {
+        mount::inspect(fd)
+    }
 
     /// Opens `device` and proves it is `volume_id`, not in use outside
     /// `roots` ([`device::verify`]).
@@ -56,14 +60,20 @@ pub trait Kernel: fmt::Debug + Send + Sync {
 
     /// Proves again that `device` is the disk it was
     /// ([`VerifiedDevice::reverify`]).
-    fn reverify(&self, device: &VerifiedDevice) -> Result<(), HelperError>;
+    fn reverify(&self, device: &VerifiedDevice) -> Result<(), HelperError> {
+        device.reverify()
+    }
 
     /// The device numbers of `device` and of its partitions.
-    fn device_numbers(&self, device: &VerifiedDevice) -> Vec<DeviceNumber>;
+    fn device_numbers(&self, device: &VerifiedDevice) -> Vec<DeviceNumber> {
+        device::numbers_of(device)
+    }
 
     /// `/dev/<name>` of the disk numbered `number` now; `None` for none
     /// ([`device::path_of`]).
-    fn device_path(&self, number: DeviceNumber) -> Option<String>;
+    fn device_path(&self, number: DeviceNumber) -> Option<String> {
+        device::path_of(number)
+    }
 
     /// What `device` holds ([`format::probe`]).
     fn probe(&self, device: &VerifiedDevice) -> Result<Contents, HelperError>;
@@ -78,18 +88,26 @@ pub trait Kernel: fmt::Debug + Send + Sync {
         device: &VerifiedDevice,
         fs: FsType,
         options: &MountOptions,
-    ) -> Result<Detached, HelperError>;
+    ) -> Result<Detached, HelperError> {
+        mount::mount_filesystem(device, fs, options)
+    }
 
     /// A detached bind mount of `source` ([`mount::bind`]).
-    fn bind(&self, source: BorrowedFd<'_>) -> Result<Detached, HelperError>;
+    fn bind(&self, source: BorrowedFd<'_>) -> Result<Detached, HelperError> {
+        mount::bind(source)
+    }
 
     /// Attaches `mount` onto `target`; the attached mount's root
     /// ([`mount::attach`]).
-    fn attach(&self, mount: Detached, target: BorrowedFd<'_>) -> Result<OwnedFd, HelperError>;
+    fn attach(&self, mount: Detached, target: BorrowedFd<'_>) -> Result<OwnedFd, HelperError> {
+        mount::attach(mount, target)
+    }
 
     /// Gives the detached `mount` exactly the per-mount `flags`
     /// ([`mount::set_attributes`]).
-    fn set_attributes(&self, mount: &Detached, flags: MountFlags) -> Result<(), HelperError>;
+    fn set_attributes(&self, mount: &Detached, flags: MountFlags) -> Result<(), HelperError> {
+        mount::set_attributes(mount, flags)
+    }
 
     /// Creates the mount point `target` in `parent`, a directory or an
     /// empty file as `file_type` says ([`mount::create_mount_point`]).
@@ -98,14 +116,20 @@ pub trait Kernel: fmt::Debug + Send + Sync {
         parent: BorrowedFd<'_>,
         target: &SafePath<'_>,
         file_type: FileType,
-    ) -> Result<(), HelperError>;
+    ) -> Result<(), HelperError> {
+        mount::create_mount_point(parent, target, file_type)
+    }
 
     /// Unmounts `name` in `parent` ([`mount::unmount`]).
-    fn unmount(&self, parent: BorrowedFd<'_>, name: &str) -> Result<(), HelperError>;
+    fn unmount(&self, parent: BorrowedFd<'_>, name: &str) -> Result<(), HelperError> {
+        mount::unmount(parent, name)
+    }
 
     /// The `fs` filesystem's size on `device` as its superblock says:
     /// (blocks, block size in bytes) ([`grow::filesystem_size`]).
-    fn filesystem_size(&self, device: &VerifiedDevice, fs: FsType) -> Result<(u64, u64), HelperError>;
+    fn filesystem_size(&self, device: &VerifiedDevice, fs: FsType) -> Result<(u64, u64), HelperError> {
+        grow::filesystem_size(device, fs)
+    }
 
     /// Grows the ext filesystem mounted with its root at `root` to
     /// `blocks` ([`grow::resize_ext`]).
@@ -117,7 +141,10 @@ pub trait Kernel: fmt::Debug + Send + Sync {
 
     /// EBS's performance statistics log page of `device`
     /// ([`nvme::get_log_page`]).
-    fn statistics_page(&self, device: &VerifiedDevice) -> Result<LogPage, HelperError>;
+    fn statistics_page(&self, device: &VerifiedDevice) -> Result<LogPage, HelperError> {
+        nvme::get_log_page(device.fd(), nvme::EBS_STATISTICS_LOG_PAGE)
+            .map_err(|e| Operation::StatisticsPage(device.path()).failed(e))
+    }
 }
 
 /// The kernel itself.
@@ -147,10 +174,6 @@ impl Kernel for Linux {
         self.mounts.read()
     }
 
-    fn inspect(&self, fd: BorrowedFd<'_>) -> Result<Node, HelperError> {
-        mount::inspect(fd)
-    }
-
     fn verify(
         &self,
         volume_id: &VolumeId,
@@ -161,62 +184,12 @@ impl Kernel for Linux {
         device::verify(volume_id, device, &self.policy, roots, mounts, &self.tools.stalled)
     }
 
-    fn reverify(&self, device: &VerifiedDevice) -> Result<(), HelperError> {
-        device.reverify()
-    }
-
-    fn device_numbers(&self, device: &VerifiedDevice) -> Vec<DeviceNumber> {
-        device::numbers_of(device)
-    }
-
-    fn device_path(&self, number: DeviceNumber) -> Option<String> {
-        device::path_of(number)
-    }
-
     fn probe(&self, device: &VerifiedDevice) -> Result<Contents, HelperError> {
         format::probe(&self.tools, device)
     }
 
     fn format(&self, fs: FsType, options: &FormatOptions, device: &VerifiedDevice) -> Result<(), HelperError> {
         format::format(&self.tools, fs, options, device)
-    }
-
-    fn mount_filesystem(
-        &self,
-        device: &VerifiedDevice,
-        fs: FsType,
-        options: &MountOptions,
-    ) -> Result<Detached, HelperError> {
-        mount::mount_filesystem(device, fs, options)
-    }
-
-    fn bind(&self, source: BorrowedFd<'_>) -> Result<Detached, HelperError> {
-        mount::bind(source)
-    }
-
-    fn attach(&self, mount: Detached, target: BorrowedFd<'_>) -> Result<OwnedFd, HelperError> {
-        mount::attach(mount, target)
-    }
-
-    fn set_attributes(&self, mount: &Detached, flags: MountFlags) -> Result<(), HelperError> {
-        mount::set_attributes(mount, flags)
-    }
-
-    fn create_mount_point(
-        &self,
-        parent: BorrowedFd<'_>,
-        target: &SafePath<'_>,
-        file_type: FileType,
-    ) -> Result<(), HelperError> {
-        mount::create_mount_point(parent, target, file_type)
-    }
-
-    fn unmount(&self, parent: BorrowedFd<'_>, name: &str) -> Result<(), HelperError> {
-        mount::unmount(parent, name)
-    }
-
-    fn filesystem_size(&self, device: &VerifiedDevice, fs: FsType) -> Result<(u64, u64), HelperError> {
-        grow::filesystem_size(device, fs)
     }
 
     fn resize_ext(&self, root: BorrowedFd<'_>, blocks: u64) -> Result<(), HelperError> {
@@ -227,10 +200,5 @@ impl Kernel for Linux {
         self.tools
             .run_checked(Tool::XfsGrowfs, &[DEVICE_ARG], ToolTarget::MountOf(device, root))
             .map(drop)
-    }
-
-    fn statistics_page(&self, device: &VerifiedDevice) -> Result<LogPage, HelperError> {
-        nvme::get_log_page(device.fd(), nvme::EBS_STATISTICS_LOG_PAGE)
-            .map_err(|e| Operation::StatisticsPage(device.path()).failed(e))
     }
 }
