@@ -105,6 +105,18 @@ pub fn scratch() -> tempfile::TempDir {
     tempfile::tempdir_in(TMPFS).expect("a directory on tmpfs (/dev/shm)")
 }
 
+/// The guests' NVMe I/O timeout, on their kernel command line: 300 s, for
+/// the 30 s default (`nvme_core.io_timeout`, drivers/nvme/host/core.c). The
+/// controllers are QEMU's emulation under TCG, on a host whose two cores
+/// the real cluster's test, the other VMs and the builds under the tests
+/// share; with the images on tmpfs a guest still saw an I/O outlast 30 s
+/// there (a CI run of ea95454: the bookworm guest's root disk reset, then
+/// disabled, in the middle of dpkg), so the wait is QEMU's, not a disk's.
+/// No test asserts an I/O's latency; a guest that loses its disk to a
+/// timeout fails its suite instead of testing the product. An emulated I/O
+/// stalled past 300 s still does.
+pub const NVME_IO_TIMEOUT: &str = "nvme_core.io_timeout=300";
+
 /// A sparse disk image of [`DISK_MIB`] named `<name>.img` in `dir`.
 pub fn disk(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(format!("{name}.img"));

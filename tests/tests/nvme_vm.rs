@@ -36,7 +36,8 @@ fn nvme_scenarios_in_a_vm() {
         .arg(&kernel)
         .arg("-initrd")
         .arg(&initramfs)
-        .args(["-append", "console=ttyS0 quiet panic=-1"]);
+        .arg("-append")
+        .arg(format!("console=ttyS0 quiet panic=-1 {}", qemu::NVME_IO_TIMEOUT));
     for (n, serial) in BOOT_SERIALS.iter().enumerate() {
         let image = qemu::disk(dir.path(), serial);
         vm.arg("-drive")

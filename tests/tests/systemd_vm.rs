@@ -78,7 +78,11 @@ fn run_suite(suite: &str) {
         .args(["-serial", "stdio"])
         .arg("-kernel")
         .arg(&kernel)
-        .args(["-append", "console=ttyS0 root=/dev/nvme0n1 rw panic=-1"])
+        .arg("-append")
+        .arg(format!(
+            "console=ttyS0 root=/dev/nvme0n1 rw panic=-1 {}",
+            qemu::NVME_IO_TIMEOUT
+        ))
         .args(["-device", "nvme,id=boot,serial=ebscsiroot"])
         .arg("-drive")
         .arg(format!(
