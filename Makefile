@@ -23,6 +23,8 @@ DOCS_SPEC := linkchecker>=10.6,<11
 # A disk whose reads stall, on a FUSE filesystem (tests/fuse/stall.py; libfuse 3
 # from fuse3 in APT_PACKAGES).
 FUSE_SPEC := mfusepy>=3.1,<4
+# A forwarding HTTP proxy, as a cluster behind one has (tests/src/http_proxy.rs).
+PROXY_SPEC := proxy.py>=2.4,<2.5
 VENV := .venv
 
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
@@ -198,7 +200,7 @@ kube-tools: deps
 ## once per spec and Python outside the clone (beside the cargo cache, a
 ## directory named by their hash); .venv (git-ignored) links to it, so a
 ## fresh clone finds it installed.
-PYTHON_SPEC := $(MOTO_SPEC) $(VALIDATE_SPEC) $(GRPC_CLIENT_SPEC) $(PLOT_SPEC) $(DOCS_SPEC) $(FUSE_SPEC)
+PYTHON_SPEC := $(MOTO_SPEC) $(VALIDATE_SPEC) $(GRPC_CLIENT_SPEC) $(PLOT_SPEC) $(DOCS_SPEC) $(FUSE_SPEC) $(PROXY_SPEC)
 VENV_CACHE := $(abspath $(TARGET_DIR))/venv/$(shell { echo '$(PYTHON_SPEC)'; python3 --version; } | sha256sum | cut -c1-12)
 moto: $(VENV_CACHE)/.installed | deps
 	@test "$$(readlink $(VENV))" = $(VENV_CACHE) || { rm -rf $(VENV) && ln -s $(VENV_CACHE) $(VENV); }

@@ -32,6 +32,7 @@ pub mod chaos;
 pub mod children;
 pub mod exec_gate;
 pub mod guest;
+pub mod http_proxy;
 pub mod kube;
 pub mod kube_api;
 pub mod lifecycle;

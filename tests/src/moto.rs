@@ -374,6 +374,14 @@ impl Controller {
         Self::launch(dir, args, |command| aws_env(command, endpoint, region))
     }
 
+    /// [`Controller::start`] with `env` set too (`HTTP_PROXY`, …).
+    pub fn start_with_env(sandbox: &Sandbox, moto: &Moto, region: &str, env: &[(&str, &str)]) -> Self {
+        Self::launch(sandbox.path(), &[], |command| {
+            aws_env(command, &moto.endpoint, region);
+            command.envs(env.iter().copied());
+        })
+    }
+
     /// [`Controller::start`] with the endpoint in the Go driver's
     /// `AWS_EC2_ENDPOINT` instead of the SDK's `AWS_ENDPOINT_URL_EC2`.
     pub fn start_with_go_endpoint_variable(sandbox: &Sandbox, moto: &Moto, region: &str) -> Self {

@@ -7,15 +7,17 @@
 )]
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use ebs_csi_proto::modify::{GetCsiDriverModificationCapabilityRequest, ModifyVolumePropertiesRequest};
 use ebs_csi_proto::v1::controller_client::ControllerClient;
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use ebs_csi_proto::v1::*;
+use ebs_csi_tests::http_proxy::HttpProxy;
 use ebs_csi_tests::moto::{Controller, Moto, REGION, ZONE, assert_tags, xml_values};
 use ebs_csi_tests::nomad::{self, NomadClient};
-use ebs_csi_tests::{Sandbox, require_root};
+use ebs_csi_tests::{Sandbox, require_root, wait_until};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -47,6 +49,16 @@ fn mount() -> VolumeCapability {
             mode: Mode::SingleNodeWriter as i32,
         }),
         access_type: Some(AccessType::Mount(MountVolume::default())),
+    }
+}
+
+/// ControllerPublishVolume of `volume_id` to `node_id`, as a filesystem.
+fn publish_request(volume_id: &str, node_id: &str) -> ControllerPublishVolumeRequest {
+    ControllerPublishVolumeRequest {
+        volume_id: volume_id.to_owned(),
+        node_id: node_id.to_owned(),
+        volume_capability: Some(mount()),
+        ..Default::default()
     }
 }
 
@@ -1395,12 +1407,7 @@ async fn a_throttled_mutating_call_gets_the_go_drivers_attempts() {
     let volume = create(&mut client, "pvc-attached", 2).await;
     moto.fault("throttle-attach", 3);
     client
-        .controller_publish_volume(ControllerPublishVolumeRequest {
-            volume_id: volume.volume_id.clone(),
-            node_id: node,
-            volume_capability: Some(mount()),
-            ..Default::default()
-        })
+        .controller_publish_volume(publish_request(&volume.volume_id, &node))
         .await
         .unwrap();
     assert_eq!(moto.fault_left("throttle-attach"), 0);
@@ -1408,6 +1415,34 @@ async fn a_throttled_mutating_call_gets_the_go_drivers_attempts() {
     let throttled = "aws_ebs_csi_api_request_throttles_total{operation_name=\"AttachVolume\"} 3";
     assert!(metrics.contains(throttled), "{throttled} missing from:\n{metrics}");
     assert!(!metrics.contains("code=\"RequestLimitExceeded\""), "{metrics}");
+}
+
+/// The controller's EC2 calls go through the proxy `HTTP_PROXY` and
+/// `HTTPS_PROXY` name, as the Go driver's do (its chart's
+/// `proxy.http_proxy`), but for the hosts `NO_PROXY` lists (`proxy.no_proxy`):
+/// a real forwarding proxy, proxy.py, logs each call it forwards. The SDK's
+/// default client reads them (aws-smithy-runtime, behavior version
+/// 2025-08-07 and later).
+#[tokio::test(flavor = "multi_thread")]
+async fn ec2_calls_go_through_the_proxy_the_environment_names() {
+    let proxy = HttpProxy::start();
+    let moto = Moto::start();
+    let forwarded = format!("POST {}/", moto.endpoint.trim_start_matches("http://"));
+    let url = proxy.url.as_str();
+    let sandbox = Sandbox::new();
+    let through = [("HTTP_PROXY", url), ("HTTPS_PROXY", url), ("NO_PROXY", "")];
+    let controller = Controller::start_with_env(&sandbox, &moto, REGION, &through);
+    create(&mut controller.client().await, "pvc-proxied", 1).await;
+    wait_until("the proxy's log of the calls", Duration::from_secs(10), || {
+        proxy.log().contains(&forwarded)
+    });
+    drop(controller);
+    let proxied = proxy.log().matches(&forwarded).count();
+    let sandbox = Sandbox::new();
+    let direct = [("HTTP_PROXY", url), ("HTTPS_PROXY", url), ("NO_PROXY", "127.0.0.1")];
+    let controller = Controller::start_with_env(&sandbox, &moto, REGION, &direct);
+    create(&mut controller.client().await, "pvc-direct", 1).await;
+    assert_eq!(proxy.log().matches(&forwarded).count(), proxied, "{}", proxy.log());
 }
 
 /// EC2 answers CreateVolume `creating` and lists the new volume only a
@@ -1432,12 +1467,7 @@ async fn eventual_consistency_never_costs_a_volume() {
 
     moto.start_recording();
     client
-        .controller_publish_volume(ControllerPublishVolumeRequest {
-            volume_id: volume.volume_id.clone(),
-            node_id: node,
-            volume_capability: Some(mount()),
-            ..Default::default()
-        })
+        .controller_publish_volume(publish_request(&volume.volume_id, &node))
         .await
         .unwrap();
     let again = create(&mut client, "pvc-late", 2).await;

@@ -65,6 +65,20 @@ order. */}}
 {{/* The static credentials of awsAccessSecret, as the reference chart
 passes them: optional, so that a cluster without the Secret uses the
 ServiceAccount's role. */}}
+{{/*
+The reference chart's proxy, where proxy.http_proxy is set: HTTP_PROXY and
+HTTPS_PROXY are proxy.http_proxy, NO_PROXY proxy.no_proxy (the AWS SDK's
+default client reads all three).
+*/}}
+{{- define "ebs-csi.proxy" -}}
+- name: HTTP_PROXY
+  value: {{ .Values.proxy.http_proxy | quote }}
+- name: HTTPS_PROXY
+  value: {{ .Values.proxy.http_proxy | quote }}
+- name: NO_PROXY
+  value: {{ .Values.proxy.no_proxy | default "" | quote }}
+{{- end -}}
+
 {{- define "ebs-csi.awsAccessSecret" -}}
 {{- with .Values.awsAccessSecret -}}
 - name: AWS_ACCESS_KEY_ID

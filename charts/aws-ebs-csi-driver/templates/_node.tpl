@@ -158,6 +158,9 @@ spec:
               valueFrom:
                 fieldRef:
                   fieldPath: spec.nodeName
+            {{- if $root.Values.proxy.http_proxy }}
+            {{- include "ebs-csi.proxy" $root | nindent 12 }}
+            {{- end }}
             {{- with $n.env }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
