@@ -146,6 +146,28 @@ def check_snapshot_metadata_service(where, obj):
             fail(where, f"spec.{key} is empty")
 
 
+# The metrics Services' ports, by the name a ServiceMonitor selects them by.
+METRICS_PORTS = {"ebs-csi-controller": 3301, "ebs-csi-node": 3302}
+
+
+def check_service_monitor(where, obj):
+    """A ServiceMonitor (monitoring.coreos.com/v1, the Prometheus
+    Operator's CRD): it selects the metrics Service of its own name, in its
+    namespace, and scrapes /metrics on that Service's port."""
+    if obj.get("apiVersion") != "monitoring.coreos.com/v1":
+        fail(where, f"apiVersion {obj.get('apiVersion')} is not monitoring.coreos.com/v1")
+    name, spec = obj["metadata"]["name"], obj.get("spec", {})
+    for key in set(spec) - {"selector", "namespaceSelector", "endpoints"}:
+        fail(where, f"spec.{key}: unknown field")
+    if spec.get("selector", {}).get("matchLabels") != {"app": name} or name not in METRICS_PORTS:
+        fail(where, f"does not select the metrics Service {name}")
+    if spec.get("namespaceSelector", {}).get("matchNames") != [obj["metadata"].get("namespace")]:
+        fail(where, "does not select its own namespace")
+    for endpoint in spec.get("endpoints") or [None]:
+        if not endpoint or endpoint.get("targetPort") != METRICS_PORTS.get(name) or endpoint.get("path") != "/metrics":
+            fail(where, f"does not scrape /metrics on port {METRICS_PORTS.get(name)}: {endpoint}")
+
+
 def validate_schema(where, obj, versions=None):
     """Checks `obj` against the schema of each of `versions` (by default
     the oldest supported Kubernetes and the newest)."""
@@ -154,6 +176,9 @@ def validate_schema(where, obj, versions=None):
         return
     if obj.get("kind") == "SnapshotMetadataService":
         check_snapshot_metadata_service(where, obj)
+        return
+    if obj.get("kind") == "ServiceMonitor":
+        check_service_monitor(where, obj)
         return
     for version in versions or kubernetes_versions(DEPLOY):
         problem = schema_problem(json.dumps(obj, sort_keys=True), version)
@@ -970,6 +995,8 @@ BREAKS = [
      "            - --handle-volume-inuse-error=false\n            - --feature-gates=VolumeAttributesClass=false\n",
      "csi-resizer: VolumeAttributesClass is turned off"),
     (TEMPLATES + "controller.yaml", "- --timeout=6m", "- --timeout=60s", "--timeout 60s"),
+    (TEMPLATES + "_helpers.tpl", "    - targetPort: {{ $port }}", "    - targetPort: 8080",
+     "does not scrape /metrics on port 3301"),
     (TEMPLATES + "controller.yaml", "- --probe-timeout=60s", "- --probe-timeout=1s", "--probe-timeout 1s"),
     (TEMPLATES + "controller.yaml", "timeoutSeconds: 60", "timeoutSeconds: 3", "timeoutSeconds 3"),
     (TEMPLATES + "_node.tpl", "privileged: true", "privileged: false",

@@ -111,3 +111,45 @@ the API server (443, 6443), and IMDS (IPv4 and IPv6). */}}
   ports:
     - {protocol: TCP, port: 80}
 {{- end -}}
+
+{{/*
+A ServiceMonitor of the metrics Service `name` on `port`, as the reference
+chart renders one (templates/_metrics.tpl): where the cluster serves
+monitoring.coreos.com/v1 ServiceMonitors (the Prometheus Operator), or
+forced. Arguments: (list name port serviceMonitor root).
+*/}}
+{{- define "ebs-csi.serviceMonitor" -}}
+{{- $name := index . 0 -}}
+{{- $port := index . 1 -}}
+{{- $m := index . 2 -}}
+{{- $root := index . 3 -}}
+{{- if or $m.forceEnable ($root.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor") }}
+---
+apiVersion: monitoring.coreos.com/v1
+kind: ServiceMonitor
+metadata:
+  name: {{ $name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    app: {{ $name }}
+    {{- include "ebs-csi.labels" $root | nindent 4 }}
+    {{- with $m.labels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  selector:
+    matchLabels:
+      app: {{ $name }}
+  namespaceSelector:
+    matchNames:
+      - {{ $root.Release.Namespace }}
+  endpoints:
+    - targetPort: {{ $port }}
+      path: /metrics
+      interval: {{ $m.interval | default "15s" }}
+      {{- with $m.relabelings }}
+      relabelings:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+{{- end }}
+{{- end -}}
