@@ -133,8 +133,33 @@ pub fn signature(device: &Path) -> String {
 }
 
 impl Drop for LoopVolume {
+    /// Detaches the device, once no mount of its node is left. The tests
+    /// share the machine's loop devices: the number freed here is another
+    /// test's next one, and a bind of this node left behind (a raw block
+    /// publish a failed or killed test did not undo, until its sandbox
+    /// goes) would be a bind of that test's new volume, which its helper
+    /// rightly refuses as published raw (`device::refuse_if_published_raw`,
+    /// seen in a CI run: `is published as a raw block device`).
     fn drop(&mut self) {
+        unmount_binds_of(&self.device);
         let _ = Command::new("losetup").arg("-d").arg(&self.device).status();
+    }
+}
+
+/// Unmounts (lazily) every bind of the device node `device` in this mount
+/// namespace: a mount of a devtmpfs or tmpfs whose root is `/<name>`, as
+/// the helper finds them.
+fn unmount_binds_of(device: &Path) {
+    let Some(name) = device.file_name().and_then(|n| n.to_str()) else {
+        return;
+    };
+    let root = format!("/{name}");
+    for bind in ebs_csi_linux::mountinfo::read()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| matches!(m.fs_type.as_str(), "devtmpfs" | "tmpfs") && m.root == root)
+    {
+        let _ = rustix::mount::unmount(bind.mount_point.as_str(), rustix::mount::UnmountFlags::DETACH);
     }
 }
 
