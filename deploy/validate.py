@@ -241,6 +241,19 @@ def check_agent(where, pod_spec, agent):
         fail(where, "the agent's preStop hook must run ebs-csi-agent pre-stop (a drain waits for the detaches)")
 
 
+def check_termination_message(where, pod_spec, container):
+    """kubelet's termination message file (terminationMessagePath, default
+    /dev/termination-log) is bind-mounted where the runtime first makes a
+    file: never in a directory of the host's, where a read-only mount
+    fails the container's start on a node that lacks the file, and a
+    writable one leaves it on the host."""
+    path = container.get("terminationMessagePath", "/dev/termination-log")
+    host = {v["name"] for v in pod_spec.get("volumes", []) if "hostPath" in v}
+    for mount in container.get("volumeMounts", []):
+        if mount["name"] in host and path.startswith(mount["mountPath"].rstrip("/") + "/"):
+            fail(where, f"its termination message {path} is made in the host's {mount['mountPath']}")
+
+
 def token_volumes(pod_spec):
     """Names of the pod's volumes that project a service account token."""
     return {
@@ -512,6 +525,7 @@ def check_objects(where, overlay, objects, flags, versions=None):
             hook = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
             if hook:
                 check_command(f"{at} {container['name']} preStop", hook, flags)
+            check_termination_message(f"{at} {container['name']}", pod_spec, container)
             privileged_allowed = overlay == "standard" and container["name"] == HELPER_CONTAINER
             if is_privileged(container) != privileged_allowed:
                 state = "privileged" if is_privileged(container) else "not privileged"
@@ -960,8 +974,8 @@ TEMPLATES = CHART + "templates/"
 BREAKS = [
     (TEMPLATES + "_node.tpl", "- --helper-socket=/run/ebs-csi/helper.sock", "- --no-such-flag", "--no-such-flag"),
     (TEMPLATES + "_node.tpl", "runAsUser: 990", "runAsUser: 0", "runAsUser is 0"),
-    (TEMPLATES + "_node.tpl", "drop: [ALL]\n          volumeMounts:\n            - name: plugin-dir\n",
-     "drop: [ALL]\n              add: [SYS_ADMIN]\n          volumeMounts:\n            - name: plugin-dir\n",
+    (TEMPLATES + "_node.tpl", "drop: [ALL]\n          # Not kubelet's default, /dev/termination-log",
+     "drop: [ALL]\n              add: [SYS_ADMIN]\n          # Not kubelet's default, /dev/termination-log",
      "ebs-plugin: is privileged"),
     (TEMPLATES + "node-rbac.yaml", '"[get, patch]"', '"[get, patch, list]"', "and nothing else"),
     (TEMPLATES + "node-rbac.yaml", "verbs: [list]", "verbs: [list, watch, delete]", "and nothing else"),
@@ -1068,6 +1082,9 @@ BREAKS = [
      "/node/enableWindows"),
     (CHART + "values.yaml", "logLevel: 2\n  loggingFormat: text\n  # Override",
      "logLevel: two\n  loggingFormat: text\n  # Override", "helm lint --strict"),
+    (TEMPLATES + "_node.tpl", "terminationMessagePath: /tmp/termination-log\n          volumeMounts:\n            - name: plugin-dir",
+     "volumeMounts:\n            - name: plugin-dir",
+     "its termination message /dev/termination-log is made in the host's /dev"),
 ]
 
 

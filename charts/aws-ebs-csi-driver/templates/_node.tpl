@@ -195,6 +195,10 @@ spec:
             privileged: false
             capabilities:
               drop: [ALL]
+          # Not kubelet's default, /dev/termination-log: /dev here is the
+          # host's, read-only, where the runtime cannot make the file's mount
+          # point (a new node has none, and the container would not start).
+          terminationMessagePath: /tmp/termination-log
           volumeMounts:
             - name: plugin-dir
               mountPath: /csi
@@ -242,6 +246,8 @@ spec:
             runAsGroup: 0
             privileged: true
             readOnlyRootFilesystem: true
+          # Not under /dev, the host's: nothing of the driver's is written there.
+          terminationMessagePath: /tmp/termination-log
           volumeMounts:
             - name: helper-socket
               mountPath: /run/ebs-csi

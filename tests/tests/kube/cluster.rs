@@ -16,7 +16,8 @@ use ebs_csi_tests::{mounts_under, repository};
 /// What the cluster may leave outside its directory, each printed as it is
 /// now: the node's address, the bridge, the iptables chains kube-proxy and
 /// kubelet make, containerd's and CNI's fixed directories, the cgroups
-/// kubelet makes, a containerd shim, /dev's propagation (made shared).
+/// kubelet makes, a containerd shim, /dev's propagation (made shared), a
+/// file in /dev (a termination message file a container made there).
 pub fn outside_state() -> Vec<String> {
     let run = |program: &str, args: &[&str]| {
         String::from_utf8(Command::new(program).args(args).output().unwrap().stdout).unwrap()
@@ -29,6 +30,7 @@ pub fn outside_state() -> Vec<String> {
         format!("bridge: {}", Path::new("/sys/class/net").join(BRIDGE).exists()),
         format!("containerd shims: {}", run("pgrep", &["-c", "containerd-shim"]).trim()),
         format!("/dev: {}", run("findmnt", &["-no", "PROPAGATION", "/dev"]).trim()),
+        format!("/dev/termination-log: {}", Path::new("/dev/termination-log").exists()),
     ];
     for program in ["iptables-save", "ip6tables-save"] {
         let chains: Vec<_> = run(program, &[])

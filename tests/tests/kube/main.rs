@@ -40,6 +40,11 @@ fn the_driver_serves_a_real_cluster_and_leaves_nothing() {
     require_root();
     let started = Instant::now();
     let step = |done: &str| eprintln!("kube: {:5.1} s: {done}", started.elapsed().as_secs_f64());
+    // As on a new node: no /dev/termination-log (kubelet's default
+    // termination message path). One left in the host's /dev by a container
+    // that mounts it writable hid that the agent, whose /dev is the host's
+    // read-only, could not start without it; none may be left after.
+    let _ = std::fs::remove_file("/dev/termination-log");
     let before = cluster::outside_state();
     // kubelet mounts a new volume only once its Node's status names it,
     // looked at every 10 s by default: each new volume's pod waited for
