@@ -254,6 +254,17 @@ def check_termination_message(where, pod_spec, container):
             fail(where, f"its termination message {path} is made in the host's {mount['mountPath']}")
 
 
+def check_tracing(where, container):
+    """The OpenTelemetry variables (the chart's otelTracing) go with
+    --enable-otel-tracing=true, which needs the collector's endpoint."""
+    traced = "--enable-otel-tracing=true" in container.get("args", [])
+    otel = {e["name"] for e in container.get("env", []) if e["name"].startswith("OTEL_")}
+    if otel and not traced:
+        fail(where, f"sets {', '.join(sorted(otel))} without --enable-otel-tracing=true")
+    if traced and "OTEL_EXPORTER_OTLP_ENDPOINT" not in otel:
+        fail(where, "--enable-otel-tracing=true without OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
 def token_volumes(pod_spec):
     """Names of the pod's volumes that project a service account token."""
     return {
@@ -526,6 +537,7 @@ def check_objects(where, overlay, objects, flags, versions=None):
             if hook:
                 check_command(f"{at} {container['name']} preStop", hook, flags)
             check_termination_message(f"{at} {container['name']}", pod_spec, container)
+            check_tracing(f"{at} {container['name']}", container)
             privileged_allowed = overlay == "standard" and container["name"] == HELPER_CONTAINER
             if is_privileged(container) != privileged_allowed:
                 state = "privileged" if is_privileged(container) else "not privileged"
@@ -1080,8 +1092,10 @@ BREAKS = [
     (TEMPLATES + "controller.yaml", "- --batching=", "- --batch=", "--batch="),
     (CHART + "values.schema.json", '"enableWindows": {\n', '"enableWindowsX": {\n',
      "/node/enableWindows"),
-    (CHART + "values.yaml", "logLevel: 2\n  loggingFormat: text\n  # Override",
-     "logLevel: two\n  loggingFormat: text\n  # Override", "helm lint --strict"),
+    (CHART + "values.yaml", "logLevel: 2\n  loggingFormat: text\n  # OpenTelemetry spans of each RPC and its helper",
+     "logLevel: two\n  loggingFormat: text\n  # OpenTelemetry spans of each RPC and its helper", "helm lint --strict"),
+    (TEMPLATES + "controller.yaml", "- --enable-otel-tracing=true", "- --v=9",
+     "sets OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME without --enable-otel-tracing=true"),
     (TEMPLATES + "_node.tpl", "terminationMessagePath: /tmp/termination-log\n          volumeMounts:\n            - name: plugin-dir",
      "volumeMounts:\n            - name: plugin-dir",
      "its termination message /dev/termination-log is made in the host's /dev"),

@@ -8,6 +8,8 @@ use ebs_csi_helper_client::HelperClient;
 use ebs_csi_helper_proto::{
     ExpandRequest, PerformanceStatisticsRequest, Reply, Request, VolumeStatsRequest, VolumeUsage,
 };
+use ebs_csi_proto::telemetry;
+use tracing::Instrument;
 
 use crate::error::NodeError;
 
@@ -79,12 +81,34 @@ impl Helper {
     /// # Errors
     /// [`NodeError::Helper`]: UNAVAILABLE when the helper is unreachable,
     /// otherwise the code of the helper's refusal.
+    ///
+    /// Its span ([`telemetry::call_span`]) is `helper.Stage` and so on.
     async fn call(&self, request: Request) -> Result<Reply, NodeError> {
+        let span = telemetry::call_span("ebs-csi-helper", "helper", operation(&request));
         let client = self.client.clone();
-        tokio::task::spawn_blocking(move || client.call(request))
+        let reply = tokio::task::spawn_blocking(move || client.call(request))
+            .instrument(span.clone())
             .await
             .map_err(|e| NodeError::Internal(format!("helper call task failed: {e}")))?
-            .map_err(NodeError::from)
+            .map_err(NodeError::from);
+        if let Err(e) = &reply {
+            telemetry::record_error(&span, &e.to_string());
+        }
+        reply
+    }
+}
+
+/// The name of `request`'s operation, as the helper's protocol names it.
+fn operation(request: &Request) -> &'static str {
+    match request {
+        Request::Ping => "Ping",
+        Request::Stage(_) => "Stage",
+        Request::Unstage(_) => "Unstage",
+        Request::Publish(_) => "Publish",
+        Request::Unpublish(_) => "Unpublish",
+        Request::Expand(_) => "Expand",
+        Request::VolumeStats(_) => "VolumeStats",
+        Request::PerformanceStatistics(_) => "PerformanceStatistics",
     }
 }
 

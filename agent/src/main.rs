@@ -21,6 +21,7 @@ mod taint;
 use ebs_csi_proto::endpoint::LoggingFormat;
 use ebs_csi_proto::go_flags::{self, GoDriverFlags};
 use ebs_csi_proto::metrics_http::{self, MetricsFlags};
+use ebs_csi_proto::telemetry::{SpanExport, TracingFlags};
 use ebs_csi_proto::version::VersionFlag;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -105,6 +106,8 @@ struct Args {
     /// Prometheus metrics: EBS performance statistics of the node's volumes.
     #[command(flatten)]
     metrics: MetricsFlags,
+    #[command(flatten)]
+    tracing: TracingFlags,
     /// Report the statistics only of volumes mounted beneath this path (as
     /// the Go driver's flag; default: of every EBS volume).
     #[arg(long, value_parser = |p: &str| Ok::<_, String>(MountPointPrefix::new(p)))]
@@ -175,7 +178,8 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse_from(go_flags::as_the_go_driver_reads(std::env::args_os(), "node"));
     args.version.answer_if_asked();
-    ebs_csi_proto::endpoint::init_logging(args.logging_format, args.v, &[]);
+    let spans = SpanExport::start(&args.tracing).context("--enable-otel-tracing")?;
+    ebs_csi_proto::endpoint::init_logging(args.logging_format, args.v, &[], spans.as_ref());
     args.go_driver.warn();
     if args.windows_host_process {
         go_flags::warn_ignored("--windows-host-process=true", "the agent serves Linux nodes only");
@@ -189,8 +193,13 @@ async fn main() -> anyhow::Result<()> {
     //    sources) and its attachment limit.
     let node = Node::find(&args).await?;
     // 3. The helper's client and the metrics endpoint; 4. the Node service,
-    //    the start-up taint removed once it and the helper answer.
-    serve(args, node).await
+    //    the start-up taint removed once it and the helper answer; 5. at
+    //    exit, the spans not yet exported sent.
+    let served = serve(args, node).await;
+    if let Some(spans) = spans {
+        spans.flush_at_exit().await;
+    }
+    served
 }
 
 /// Runs a one-shot `command`.

@@ -44,6 +44,7 @@ pub async fn serve(socket: &Path, identity: IdentityService, node: NodeService) 
         tracing::info!(socket = %socket.display(), "serving CSI Identity and Node");
     }
     tonic::transport::Server::builder()
+        .trace_fn(ebs_csi_proto::telemetry::rpc_span)
         .add_service(IdentityServer::new(identity))
         .add_service(NodeServer::new(node))
         .serve_with_incoming_shutdown(endpoint::connections(listening.listener), endpoint::shutdown_signal())

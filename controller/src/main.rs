@@ -15,6 +15,7 @@ mod volume_type;
 use ebs_csi_proto::endpoint::LoggingFormat;
 use ebs_csi_proto::go_flags::{self, GoDriverFlags};
 use ebs_csi_proto::metrics_http::{self, MetricsFlags};
+use ebs_csi_proto::telemetry::{self, SpanExport, TracingFlags};
 use ebs_csi_proto::version::{VersionFlag, VersionInfo};
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,6 +105,8 @@ struct Args {
     aws_sdk_debug_log: bool,
     #[command(flatten)]
     metrics: MetricsFlags,
+    #[command(flatten)]
+    tracing: TracingFlags,
     /// Serve every EC2 call's series also under the Kubernetes in-tree
     /// cloud provider's names, `cloudprovider_aws_api_*` (the Go driver's
     /// deprecated flag; `--deprecated-metrics` or `=true`).
@@ -183,7 +186,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
     } else {
         &[]
     };
-    ebs_csi_proto::endpoint::init_logging(args.logging_format, args.v, sdk_debug);
+    let spans = SpanExport::start(&args.tracing).context("--enable-otel-tracing")?;
+    ebs_csi_proto::endpoint::init_logging(args.logging_format, args.v, sdk_debug, spans.as_ref());
+    let served = serve(args).await;
+    if let Some(spans) = spans {
+        spans.flush_at_exit().await;
+    }
+    served
+}
+
+/// Serves the controller's endpoints until SIGTERM or SIGINT.
+async fn serve(args: Args) -> anyhow::Result<()> {
     args.go_driver.warn();
     if let Some(sources) = &args.metadata_sources {
         go_flags::warn_ignored(
@@ -244,6 +257,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!(socket = %on, region = ?config.region(), "serving CSI Identity, Controller and GroupController, and volume-modifier-for-k8s's Modify");
     let controller = Arc::new(ControllerService::new(Arc::clone(&ec2), settings));
     tonic::transport::Server::builder()
+        .trace_fn(telemetry::rpc_span)
         .add_service(IdentityServer::new(IdentityService::new(ec2, CONTROLLER_SERVICES)))
         .add_service(ControllerServer::from_arc(Arc::clone(&controller)))
         .add_service(GroupControllerServer::from_arc(Arc::clone(&controller)))
@@ -273,6 +287,7 @@ fn serve_snapshot_metadata<E: Ec2>(
     tracing::info!(socket = %socket.display(), "serving CSI Identity and SnapshotMetadata");
     let service = SnapshotMetadataService::new(Arc::clone(ec2), Arc::new(SdkBlocks::new(config, metrics)));
     let server = tonic::transport::Server::builder()
+        .trace_fn(telemetry::rpc_span)
         .add_service(IdentityServer::new(IdentityService::new(
             Arc::clone(ec2),
             SNAPSHOT_METADATA_SERVICES,

@@ -14,7 +14,9 @@ use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use aws_smithy_runtime_api::client::retries::classifiers::{RetryAction, RetryReason};
 use aws_smithy_types::retry::ErrorKind;
+use ebs_csi_proto::telemetry;
 use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
+use tracing::Instrument;
 
 pub use self::detach::DetachPending;
 use crate::ec2::Ec2Error;
@@ -111,6 +113,8 @@ impl Series {
 /// long.
 #[derive(Clone, Debug)]
 pub struct ApiMetrics {
+    /// The service called, its spans' `rpc.service` (`EC2`, `EBS`).
+    service: &'static str,
     registry: Registry,
     /// The current series, then the deprecated ones if asked for.
     series: Vec<Series>,
@@ -147,21 +151,33 @@ impl ApiMetrics {
         let detach_pending = DetachPending::default();
         registry.register(Box::new(detach_pending.clone()))?;
         Ok(Self {
+            service: "EC2",
             registry,
             series,
             detach_pending,
         })
     }
 
+    /// The same metrics, for the calls of another service (`EBS`, the
+    /// EBS direct APIs): its name goes in their spans.
+    pub fn of_service(&self, service: &'static str) -> Self {
+        Self {
+            service,
+            ..self.clone()
+        }
+    }
+
     /// Runs one EC2 call (all its attempts), recording its duration if it
-    /// succeeds and its error code if it fails.
+    /// succeeds and its error code if it fails, in its span
+    /// ([`telemetry::call_span`], `EC2.CreateVolume`) too.
     pub async fn observe<T>(
         &self,
         request: &'static str,
         call: impl Future<Output = Result<T, Failure>>,
     ) -> Result<T, Ec2Error> {
         let start = Instant::now();
-        match call.await {
+        let span = telemetry::call_span("aws-api", self.service, request);
+        match call.instrument(span.clone()).await {
             Ok(out) => {
                 let seconds = start.elapsed().as_secs_f64();
                 for series in &self.series {
@@ -170,6 +186,7 @@ impl ApiMetrics {
                 Ok(out)
             }
             Err(Failure { code, error }) => {
+                telemetry::record_error(&span, code.as_str());
                 for series in &self.series {
                     series.errors.with_label_values(&[request, code.as_str()]).inc();
                 }

@@ -39,6 +39,7 @@ pub mod lifecycle;
 pub mod loopdev;
 pub mod moto;
 pub mod nomad;
+pub mod otlp;
 pub mod qemu;
 pub mod stall;
 pub mod trace;

@@ -375,8 +375,8 @@ impl Controller {
     }
 
     /// [`Controller::start`] with `env` set too (`HTTP_PROXY`, …).
-    pub fn start_with_env(sandbox: &Sandbox, moto: &Moto, region: &str, env: &[(&str, &str)]) -> Self {
-        Self::launch(sandbox.path(), &[], |command| {
+    pub fn start_with_env(sandbox: &Sandbox, moto: &Moto, region: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::launch(sandbox.path(), args, |command| {
             aws_env(command, &moto.endpoint, region);
             command.envs(env.iter().copied());
         })

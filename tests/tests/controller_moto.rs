@@ -17,6 +17,7 @@ use ebs_csi_proto::v1::*;
 use ebs_csi_tests::http_proxy::HttpProxy;
 use ebs_csi_tests::moto::{Controller, Moto, REGION, ZONE, assert_tags, xml_values};
 use ebs_csi_tests::nomad::{self, NomadClient};
+use ebs_csi_tests::otlp::{OtlpCollector, SPAN_KIND_CLIENT, SPAN_KIND_SERVER, STATUS_CODE_ERROR, TRACEPARENT};
 use ebs_csi_tests::{Sandbox, require_root, wait_until};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -136,7 +137,6 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
         "--v=2",
         "--log_file_max_size",
         "1800",
-        "--enable-otel-tracing=true",
         "--metadata-sources=imds,kubernetes",
     ])
     .await;
@@ -190,11 +190,7 @@ async fn volumes_are_created_idempotently_tagged_listed_and_deleted() {
     };
     assert_eq!((lines("INFO"), lines("WARN")), (2, 1), "{log}");
     assert!(log.contains("code=AlreadyExists"), "{log}");
-    for flag in [
-        "--logtostderr=true",
-        "--log_file_max_size=1800",
-        "--enable-otel-tracing=true",
-    ] {
+    for flag in ["--logtostderr=true", "--log_file_max_size=1800"] {
         assert!(
             log.lines()
                 .any(|l| l.contains("WARN") && l.contains(&format!(r#"flag="{flag}""#))),
@@ -1431,7 +1427,7 @@ async fn ec2_calls_go_through_the_proxy_the_environment_names() {
     let url = proxy.url.as_str();
     let sandbox = Sandbox::new();
     let through = [("HTTP_PROXY", url), ("HTTPS_PROXY", url), ("NO_PROXY", "")];
-    let controller = Controller::start_with_env(&sandbox, &moto, REGION, &through);
+    let controller = Controller::start_with_env(&sandbox, &moto, REGION, &[], &through);
     create(&mut controller.client().await, "pvc-proxied", 1).await;
     wait_until("the proxy's log of the calls", Duration::from_secs(10), || {
         proxy.log().contains(&forwarded)
@@ -1440,9 +1436,77 @@ async fn ec2_calls_go_through_the_proxy_the_environment_names() {
     let proxied = proxy.log().matches(&forwarded).count();
     let sandbox = Sandbox::new();
     let direct = [("HTTP_PROXY", url), ("HTTPS_PROXY", url), ("NO_PROXY", "127.0.0.1")];
-    let controller = Controller::start_with_env(&sandbox, &moto, REGION, &direct);
+    let controller = Controller::start_with_env(&sandbox, &moto, REGION, &[], &direct);
     create(&mut controller.client().await, "pvc-direct", 1).await;
     assert_eq!(proxy.log().matches(&forwarded).count(), proxied, "{}", proxy.log());
+}
+
+/// `--enable-otel-tracing` (the Go driver's flag; its chart's
+/// `controller.otelTracing` sets it with `OTEL_SERVICE_NAME` and
+/// `OTEL_EXPORTER_OTLP_ENDPOINT`): each RPC is a server span, the child of
+/// the caller's W3C Trace Context, and each EC2 call it makes a client span
+/// beneath it (`EC2.CreateVolume`, OpenTelemetry's AWS SDK conventions);
+/// a refused RPC's span carries its gRPC code and the error status. They
+/// reach the collector by the time the controller has stopped (SIGTERM).
+#[tokio::test(flavor = "multi_thread")]
+async fn each_rpc_and_its_ec2_calls_are_spans_at_the_otlp_collector() {
+    let collector = OtlpCollector::start().await;
+    let moto = Moto::start();
+    let sandbox = Sandbox::new();
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint.as_str()),
+        ("OTEL_SERVICE_NAME", "ebs-csi-controller"),
+    ];
+    let controller = Controller::start_with_env(&sandbox, &moto, REGION, &["--enable-otel-tracing"], &env);
+    let mut client = controller.client().await;
+    let mut traced = tonic::Request::new(create_request("pvc-traced", 1, &[]));
+    traced
+        .metadata_mut()
+        .insert("traceparent", TRACEPARENT.parse().unwrap());
+    client.create_volume(traced).await.unwrap();
+    let refused = client.delete_volume(DeleteVolumeRequest::default()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    drop(controller);
+
+    let rpc = collector.span("csi.v1.Controller/CreateVolume");
+    assert_eq!(
+        (rpc.trace_id.as_str(), rpc.parent_span_id.as_str(), rpc.kind),
+        ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331", SPAN_KIND_SERVER),
+        "the caller's trace: {rpc:#?}"
+    );
+    assert_eq!(rpc.service_name, "ebs-csi-controller");
+    for (key, value) in [
+        ("rpc.system", "grpc"),
+        ("rpc.service", "csi.v1.Controller"),
+        ("rpc.method", "CreateVolume"),
+        ("rpc.grpc.status_code", "0"),
+    ] {
+        assert_eq!(rpc.attributes.get(key).map(String::as_str), Some(value), "{rpc:#?}");
+    }
+    let ec2 = collector.span("EC2.CreateVolume");
+    assert_eq!(
+        (ec2.trace_id.as_str(), ec2.parent_span_id.as_str(), ec2.kind),
+        (rpc.trace_id.as_str(), rpc.span_id.as_str(), SPAN_KIND_CLIENT),
+        "beneath the RPC: {ec2:#?}"
+    );
+    for (key, value) in [
+        ("rpc.system", "aws-api"),
+        ("rpc.service", "EC2"),
+        ("rpc.method", "CreateVolume"),
+    ] {
+        assert_eq!(ec2.attributes.get(key).map(String::as_str), Some(value), "{ec2:#?}");
+    }
+    let failed = collector.span("csi.v1.Controller/DeleteVolume");
+    assert_eq!(failed.parent_span_id, "", "a root span without Trace Context");
+    assert_eq!(
+        (
+            failed.attributes.get("rpc.grpc.status_code").map(String::as_str),
+            failed.status_code
+        ),
+        (Some("3"), STATUS_CODE_ERROR),
+        "{failed:#?}"
+    );
+    assert_eq!(failed.status_message, "volume_id is required");
 }
 
 /// EC2 answers CreateVolume `creating` and lists the new volume only a

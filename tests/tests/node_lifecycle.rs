@@ -17,6 +17,7 @@ use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use ebs_csi_proto::v1::*;
 use ebs_csi_tests::nomad::{self, NomadClient};
+use ebs_csi_tests::otlp::{OtlpCollector, SPAN_KIND_CLIENT, SPAN_KIND_SERVER, TRACEPARENT};
 use ebs_csi_tests::{AGENT_UID, Agent, Helper, LoopVolume, Sandbox, is_mounted, mounts_under, require_root};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -35,11 +36,18 @@ impl Node {
     /// A node laid out as a kubelet's, with kubelet's staging and target
     /// paths of `volume_id` (its record of the volume beside each).
     async fn start(volume_id: &str) -> Self {
+        Self::start_with(volume_id, &[], &[]).await
+    }
+
+    /// [`Node::start`] with `extra` arguments and the environment `env`
+    /// for the agent.
+    async fn start_with(volume_id: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let sandbox = Sandbox::new();
         let helper = Helper::start(&sandbox, &[]);
         let staging = sandbox.staging(volume_id);
         let target = sandbox.target("pod-1", "pv-1", volume_id);
-        let agent = Agent::start(&sandbox, &helper);
+        let args = [&Agent::NODE_FLAGS[..], &["--device-wait-seconds", "10"], extra].concat();
+        let agent = Agent::spawn(&sandbox, &helper, &args, env);
         Self::with_paths(sandbox, helper, agent, staging, target).await
     }
 
@@ -946,17 +954,7 @@ async fn stage_honours_format_options_and_refuses_another_device_at_the_path() {
 async fn legacy_xfs_formats_xfs_that_old_kernels_mount() {
     require_root();
     let volume_id = "vol-0aaaaaaaaaaaaaac2";
-    let sandbox = Sandbox::new();
-    let helper = Helper::start(&sandbox, &[]);
-    let staging = sandbox.staging(volume_id);
-    let target = sandbox.target("pod-1", "pv-1", volume_id);
-    let args = [
-        &Agent::NODE_FLAGS[..],
-        &["--device-wait-seconds", "10", "--legacy-xfs=true"],
-    ]
-    .concat();
-    let agent = Agent::spawn(&sandbox, &helper, &args, &[]);
-    let mut node = Node::with_paths(sandbox, helper, agent, staging, target).await;
+    let mut node = Node::start_with(volume_id, &["--legacy-xfs=true"], &[]).await;
     let volume = node.volume(volume_id, 320);
     node.stage(volume_id, mount("xfs", Mode::SingleNodeWriter))
         .await
@@ -967,6 +965,68 @@ async fn legacy_xfs_formats_xfs_that_old_kernels_mount() {
     for feature in ["BIGTIME", "INOBTCNT", "REFLINK"] {
         assert!(!features.contains(feature), "{features}");
     }
+}
+
+/// `--enable-otel-tracing` on the agent (the Go chart's `node.otelTracing`
+/// sets it with `OTEL_SERVICE_NAME` and `OTEL_EXPORTER_OTLP_ENDPOINT`):
+/// NodeStageVolume is a server span, the child of the caller's W3C Trace
+/// Context (kubelet's, with its tracing on), and the request it makes of
+/// the helper a client span beneath it. They reach the collector by the
+/// time the agent has stopped (SIGTERM).
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
+async fn stage_and_its_helper_request_are_spans_at_the_otlp_collector() {
+    require_root();
+    let collector = OtlpCollector::start().await;
+    let volume_id = "vol-0aaaaaaaaaaaaaac3";
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint.as_str()),
+        ("OTEL_SERVICE_NAME", "ebs-csi-node"),
+    ];
+    let mut node = Node::start_with(volume_id, &["--enable-otel-tracing"], &env).await;
+    let _volume = node.volume(volume_id, 64);
+    let mut traced = tonic::Request::new(NodeStageVolumeRequest {
+        volume_id: volume_id.into(),
+        staging_target_path: path(&node.staging),
+        volume_capability: Some(mount("ext4", Mode::SingleNodeWriter)),
+        ..Default::default()
+    });
+    traced
+        .metadata_mut()
+        .insert("traceparent", TRACEPARENT.parse().unwrap());
+    node.client.node_stage_volume(traced).await.unwrap();
+    node.unstage(volume_id).await.unwrap();
+    drop(node.agent);
+
+    let rpc = collector.span("csi.v1.Node/NodeStageVolume");
+    assert_eq!(
+        (rpc.trace_id.as_str(), rpc.parent_span_id.as_str(), rpc.kind),
+        ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331", SPAN_KIND_SERVER),
+        "the caller's trace: {rpc:#?}"
+    );
+    assert_eq!(
+        (
+            rpc.service_name.as_str(),
+            rpc.attributes.get("rpc.grpc.status_code").map(String::as_str)
+        ),
+        ("ebs-csi-node", Some("0")),
+        "{rpc:#?}"
+    );
+    let stage = collector.span("helper.Stage");
+    assert_eq!(
+        (stage.trace_id.as_str(), stage.parent_span_id.as_str(), stage.kind),
+        (rpc.trace_id.as_str(), rpc.span_id.as_str(), SPAN_KIND_CLIENT),
+        "beneath the RPC: {stage:#?}"
+    );
+    assert_eq!(
+        stage.attributes.get("rpc.system").map(String::as_str),
+        Some("ebs-csi-helper")
+    );
+    let unstage = collector.span("helper.Unstage");
+    assert_ne!(
+        unstage.trace_id, rpc.trace_id,
+        "NodeUnstageVolume came without Trace Context"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

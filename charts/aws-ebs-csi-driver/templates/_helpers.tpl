@@ -79,6 +79,22 @@ default client reads all three).
   value: {{ .Values.proxy.no_proxy | default "" | quote }}
 {{- end -}}
 
+{{- /*
+The reference chart's otelTracing of a component (its argument): the
+spans' service name and the OTLP/gRPC collector, as the OpenTelemetry
+SDK's variables, each where it is set.
+*/}}
+{{- define "ebs-csi.otel" -}}
+{{- with .otelServiceName }}
+- name: OTEL_SERVICE_NAME
+  value: {{ . | quote }}
+{{- end }}
+{{- with .otelExporterEndpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
 {{- define "ebs-csi.awsAccessSecret" -}}
 {{- with .Values.awsAccessSecret -}}
 - name: AWS_ACCESS_KEY_ID

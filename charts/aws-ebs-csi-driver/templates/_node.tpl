@@ -149,6 +149,9 @@ spec:
             - --csi-mount-point-prefix={{ $kubelet }}/plugins/kubernetes.io/csi/ebs.csi.aws.com/
             - --logging-format={{ $n.loggingFormat }}
             - --v={{ ternary 7 $n.logLevel $root.Values.debugLogs }}
+            {{- if $n.otelTracing }}
+            - --enable-otel-tracing=true
+            {{- end }}
             {{- range $n.additionalArgs }}
             - {{ . }}
             {{- end }}
@@ -160,6 +163,9 @@ spec:
                   fieldPath: spec.nodeName
             {{- if $root.Values.proxy.http_proxy }}
             {{- include "ebs-csi.proxy" $root | nindent 12 }}
+            {{- end }}
+            {{- with $n.otelTracing }}
+            {{- include "ebs-csi.otel" . | nindent 12 }}
             {{- end }}
             {{- with $n.env }}
             {{- toYaml . | nindent 12 }}

@@ -104,7 +104,7 @@ impl SdkBlocks {
             .build();
         Self {
             client: Client::from_conf(conf),
-            metrics,
+            metrics: metrics.of_service("EBS"),
         }
     }
 }

@@ -10,6 +10,7 @@ use tokio_stream::{Stream, StreamExt};
 
 use crate::DRIVER_NAME;
 use crate::connection::Connection;
+use crate::telemetry::{self, SpanExport};
 use crate::v1::plugin_capability::{self, service};
 use crate::v1::{GetPluginCapabilitiesResponse, GetPluginInfoResponse, PluginCapability};
 
@@ -191,17 +192,31 @@ fn directives(verbosity: u8, extra: &[&str]) -> String {
 
 /// Logs to stderr at the level of `verbosity` ([`directives`]), or as
 /// `RUST_LOG` says, in `format`; text has terminal colours only when stderr
-/// is a terminal (journald and log files get plain text).
-pub fn init_logging(format: LoggingFormat, verbosity: u8, extra: &[&str]) {
+/// is a terminal (journald and log files get plain text). With `spans`,
+/// the spans of [`telemetry::SPANS`] go to that export too (never to the
+/// log).
+pub fn init_logging(format: LoggingFormat, verbosity: u8, extra: &[&str], spans: Option<&SpanExport>) {
     use std::io::IsTerminal;
+    use tracing_subscriber::filter::{FilterExt, filter_fn};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer};
     let directives = directives(verbosity, extra);
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| directives.into()))
-        .with_writer(std::io::stderr);
-    match format {
-        LoggingFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
-        LoggingFormat::Json => builder.json().init(),
-    }
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| directives.into())
+        .and(filter_fn(|metadata| metadata.target() != telemetry::SPANS));
+    let log = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let log = match format {
+        LoggingFormat::Text => log
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_filter(filter)
+            .boxed(),
+        LoggingFormat::Json => log.json().with_filter(filter).boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(spans.map(SpanExport::layer))
+        .with(log)
+        .init();
 }
 
 #[cfg(test)]

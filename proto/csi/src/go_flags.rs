@@ -1,8 +1,7 @@
 //! Flags the Go driver's manifests and Helm chart still pass that mean
 //! nothing here: klog's (k8s.io/klog/v2 `InitFlags`), Kubernetes
 //! component-base's logging flags besides `--logging-format` and `-v`,
-//! `--kubeconfig`, and the Go driver's `--enable-otel-tracing`
-//! (`pkg/driver/options.go`). A cluster switching drivers keeps its
+//! and `--kubeconfig` (`pkg/driver/options.go`). A cluster switching drivers keeps its
 //! manifests: each is accepted, hidden from `--help`, and named in a warning
 //! at start with why it has no effect here, never a start-up failure.
 
@@ -67,11 +66,6 @@ const IGNORED: &[Ignored] = &[
         "kubeconfig",
         true,
         "the Kubernetes client is the pod's own (its service account), in a cluster only",
-    ),
-    option(
-        "enable-otel-tracing",
-        false,
-        "OpenTelemetry tracing is not built in: no spans are exported",
     ),
 ];
 
@@ -238,7 +232,7 @@ mod tests {
             "--kubeconfig",
             "/root/.kube/config",
             "--stderrthreshold=2",
-            "--enable-otel-tracing=true",
+            "--log-flush-frequency=5s",
         ])
         .unwrap();
         assert_eq!(cli.v, 5);
@@ -250,12 +244,12 @@ mod tests {
                 "--skip_headers=false",
                 "--log_dir=/var/log",
                 "--stderrthreshold=2",
+                "--log-flush-frequency=5s",
                 "--kubeconfig=/root/.kube/config",
-                "--enable-otel-tracing=true",
             ]
         );
         assert_eq!(cli.go.given[0].1, LOGGING);
-        assert!(cli.go.given[5].1.contains("OpenTelemetry"));
+        assert!(cli.go.given[5].1.contains("service account"));
     }
 
     #[test]

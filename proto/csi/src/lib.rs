@@ -15,6 +15,7 @@ pub mod go_flags;
 pub mod inflight;
 pub mod metrics_http;
 pub mod observed;
+pub mod telemetry;
 pub mod version;
 
 /// Package `csi.v1`, generated at build time from `csi.proto`.

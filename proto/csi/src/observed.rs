@@ -12,7 +12,8 @@ use tonic::{Response, Status};
 /// `subject` (the volume id, or a new volume's or snapshot's name) and the
 /// latency in milliseconds (to the microsecond). Request strings are
 /// logged escaped (`Debug`); nothing else of the request is logged, so its
-/// secrets never are.
+/// secrets never are. The RPC's span ([`crate::telemetry::rpc_span`])
+/// gets its outcome.
 ///
 /// # Errors
 /// The call's error, as its gRPC status.
@@ -26,6 +27,7 @@ pub async fn observed<T, E: Into<Status>>(
     let result = call.await.map_err(Into::into);
     // Milliseconds to the microsecond, a number in the JSON format too.
     let latency_ms = (started.elapsed().as_secs_f64() * 1e6).round() / 1e3;
+    crate::telemetry::record_outcome(result.as_ref().map(|_| ()));
     match &result {
         Err(status) => {
             tracing::warn!(rpc, ?subject, code = ?status.code(), cause = ?status.message(), latency_ms, "failed");
