@@ -330,7 +330,7 @@ previous-helper:
 ## preferably to one with this Cargo.lock and release profile: with another
 ## Cargo.lock or another profile the dependencies are built twice, the AWS
 ## SDK for EC2 too.
-PREVIOUS_PACKAGE_COMMIT := 76e1e25c6af38abf30917d1696bcd2f27e2f3789
+PREVIOUS_PACKAGE_COMMIT := c9efa8c5b42d385925541d9d308ce1518375ae17
 PREVIOUS_PACKAGE_DIR := $(abspath $(TARGET_DIR))/previous-package/$(PREVIOUS_PACKAGE_COMMIT)
 previous-package: package-tools
 	+@if ! ls $(PREVIOUS_PACKAGE_DIR)/ebs-csi-node_*.deb >/dev/null 2>&1; then \
