@@ -327,9 +327,10 @@ previous-helper:
 ## cached by commit outside the clone. Move the commit forward when a
 ## change to the packages should be crossed by an upgrade (the test needs it
 ## older than this build's: its package version is the commit's time),
-## preferably to one with this Cargo.lock and release profile: with another
-## Cargo.lock or another profile the dependencies are built twice, the AWS
-## SDK for EC2 too.
+## and with every Cargo.lock change, to the commit that makes it: with
+## another Cargo.lock or another release profile the dependencies are built
+## twice, the AWS SDK for EC2 too (a new machine's make test took 12 minutes
+## more, docs/testing.md).
 PREVIOUS_PACKAGE_COMMIT := c9efa8c5b42d385925541d9d308ce1518375ae17
 PREVIOUS_PACKAGE_DIR := $(abspath $(TARGET_DIR))/previous-package/$(PREVIOUS_PACKAGE_COMMIT)
 previous-package: package-tools
