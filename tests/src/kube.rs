@@ -161,26 +161,32 @@ impl Cluster {
         self.kubectl_with(&["apply", "-f", "-"], &format!("{before}image: {image}\n{rest}"));
     }
 
-    /// Waits until every pod is Ready (3 minutes at most), then asserts
-    /// that no container restarted: a sidecar that refuses a flag it is
-    /// given, or a probe that fails, restarts its container.
+    /// Waits until every pod is Ready and every Deployment and DaemonSet
+    /// has all its replicas Ready (3 minutes at most), then asserts that no
+    /// container restarted: a sidecar that refuses a flag it is given, or a
+    /// probe that fails, restarts its container.
+    ///
+    /// A pod kubelet rejected at admission for a taint it did not tolerate
+    /// ([`unready`]) is not waited for: its ReplicaSet replaces it.
     pub fn wait_until_every_pod_is_ready(&self) {
         let pods = || self.kubectl(&["get", "pods", "--all-namespaces", "-o", "wide"]);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
         loop {
-            let ready = self.kubectl(&[
+            let states = self.kubectl(&["get", "pods", "--all-namespaces", "-o", POD_STATES]);
+            let workloads = self.kubectl(&[
                 "get",
-                "pods",
+                "deployments,daemonsets",
                 "--all-namespaces",
                 "-o",
-                r#"jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}"#,
+                WORKLOAD_STATES,
             ]);
-            if !ready.is_empty() && ready.lines().all(|s| s == "True") {
+            let waiting = unready(&states, &workloads);
+            if !states.is_empty() && waiting.is_empty() {
                 break;
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "pods not Ready within 3 minutes:\n{}",
+                "not Ready within 3 minutes: {waiting:?}\n{}",
                 pods()
             );
             std::thread::sleep(std::time::Duration::from_millis(500));
@@ -450,6 +456,45 @@ pub fn poll_until(what: &str, within: Duration, mut condition: impl FnMut() -> b
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Each pod as `NAME\tPHASE\tREASON\tOWNER KIND\tREADY` (the Ready
+/// condition's status), one a line, for [`unready`].
+const POD_STATES: &str = r#"jsonpath={range .items[*]}{.metadata.name}{"\t"}{.status.phase}{"\t"}{.status.reason}{"\t"}{.metadata.ownerReferences[0].kind}{"\t"}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}"#;
+
+/// Each Deployment and DaemonSet as `KIND/NAME\tWANTED\tREADY`
+/// (`spec.replicas` and `status.readyReplicas`, or
+/// `status.desiredNumberScheduled` and `status.numberReady`), for [`unready`].
+const WORKLOAD_STATES: &str = r#"jsonpath={range .items[*]}{.kind}/{.metadata.name}{"\t"}{.spec.replicas}{.status.desiredNumberScheduled}{"\t"}{.status.readyReplicas}{.status.numberReady}{"\n"}{end}"#;
+
+/// The pods ([`POD_STATES`]) and workloads ([`WORKLOAD_STATES`]) not yet
+/// Ready.
+///
+/// A pod of a ReplicaSet that kubelet rejected at admission for a taint
+/// (phase `Failed`, reason `TaintToleration`) is not one: a node registers
+/// with the driver's `NoExecute` startup taint, the agent removes it, and
+/// the scheduler may bind a pod before kubelet's own copy of its Node has
+/// seen the removal; kubelet admits no pod that does not tolerate the
+/// node's `NoSchedule` and `NoExecute` taints (`pkg/kubelet/lifecycle/
+/// predicate.go`, kubernetes/kubernetes#101218), the pod fails for good,
+/// and its ReplicaSet makes another (the same lag as the taint manager's,
+/// kubernetes/kubernetes#139992). Its workload stays unready until the new
+/// one is Ready. Any other failed pod is waited for, to the deadline.
+fn unready(pods: &str, workloads: &str) -> Vec<String> {
+    let pods = pods.lines().filter_map(|line| {
+        let [name, phase, reason, owner, ready] = line.split('\t').collect::<Vec<_>>()[..] else {
+            return Some(line.to_owned());
+        };
+        let rejected = phase == "Failed" && reason == "TaintToleration" && owner == "ReplicaSet";
+        (ready != "True" && !rejected).then(|| name.to_owned())
+    });
+    let workloads = workloads.lines().filter_map(|line| {
+        let [name, wanted, ready] = line.split('\t').collect::<Vec<_>>()[..] else {
+            return Some(line.to_owned());
+        };
+        (ready.parse().unwrap_or(0) < wanted.parse().unwrap_or(1)).then(|| name.to_owned())
+    });
+    pods.chain(workloads).collect()
 }
 
 /// `cluster.sh VERB DIR` with the programs of `make kube-tools`.
@@ -754,4 +799,36 @@ fn text(output: &Output) -> String {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unready;
+
+    /// The cluster of a failed run (a47ab90's CI): one snapshot-controller
+    /// pod bound as the agent removed the startup taint, rejected by kubelet,
+    /// and its replacement.
+    const PODS: &str = "ebs-csi-controller-86578b4bb-644t6\tRunning\t\tReplicaSet\tTrue\n\
+                        ebs-csi-node-zmvwt\tRunning\t\tDaemonSet\tTrue\n\
+                        snapshot-controller-759594c85d-2ddm5\tFailed\tTaintToleration\tReplicaSet\t\n\
+                        snapshot-controller-759594c85d-xhvkd\tRunning\t\tReplicaSet\tTrue\n";
+
+    #[test]
+    fn a_pod_kubelet_rejected_for_a_taint_waits_for_its_workload_only() {
+        let ready = "Deployment/snapshot-controller\t2\t2\nDaemonSet/ebs-csi-node\t1\t1\n";
+        assert_eq!(unready(PODS, ready), Vec::<String>::new());
+        let replacing = "Deployment/snapshot-controller\t2\t1\nDaemonSet/ebs-csi-node\t1\t1\n";
+        assert_eq!(unready(PODS, replacing), ["Deployment/snapshot-controller"]);
+        let none_ready = "Deployment/snapshot-controller\t2\t\n";
+        assert_eq!(unready("", none_ready), ["Deployment/snapshot-controller"]);
+    }
+
+    #[test]
+    fn any_other_failed_or_unready_pod_is_waited_for() {
+        let pods = "a\tFailed\tTaintToleration\t\t\n\
+                    b\tFailed\tOutOfcpu\tReplicaSet\t\n\
+                    c\tRunning\t\tReplicaSet\tFalse\n\
+                    d\tPending\t\tReplicaSet\t\n";
+        assert_eq!(unready(pods, ""), ["a", "b", "c", "d"]);
+    }
 }

@@ -37,6 +37,8 @@ pub fn installs_the_standard_overlay(cluster: &Cluster, driver: &Driver) {
         "get",
         "pods",
         "--all-namespaces",
+        // Not one kubelet rejected and its ReplicaSet replaced.
+        "--field-selector=status.phase!=Failed",
         "-o",
         "jsonpath={.items[*].metadata.name}",
     ]);
