@@ -84,7 +84,7 @@ TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
-.PHONY: all build test test-steps test-downloads test-build test-run test-background test-cold test-deps \
+.PHONY: all build test test-steps test-downloads test-build test-run test-background test-cold test-deps test-build-deps \
 	build-copy-test repro-static package-tools docs-tools prebuilt-tools go-tools kube-tools image-build coverage-build fuzz-build vm-images demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
 	install install-files static image image-deps kustomize validate-deploy vm vm-deps repro-check docs \
 	deb rpm packages package-deps
@@ -132,15 +132,10 @@ package-tools:
 docs-tools:
 	$(call cargo_install,mdbook,$(MDBOOK))
 
-# apt_install PACKAGES: install those not installed yet.
+# apt_install PACKAGES: install those not installed yet
+# (deploy/apt-install.sh: one apt run at a time).
 define apt_install
-	@missing=""; for p in $(1); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	fi
+	@deploy/apt-install.sh $(1)
 endef
 
 ## deps: install the Debian packages the tests and the helper need.
@@ -213,9 +208,15 @@ $(VENV_CACHE)/.installed: | deps
 build:
 	$(CARGO) build --workspace --bins
 
-## test-deps: every Debian package make test uses, in one apt run.
-test-deps:
-	$(call apt_install,$(APT_PACKAGES) $(VM_PACKAGES) $(IMAGE_PACKAGES) $(KUBE_PACKAGES) $(PACKAGE_TOOLS) $(COVERAGE_PACKAGES))
+## test-deps: every Debian package make test uses, in one apt run: the
+## few its builds' own steps install (deps, package-deps) before they
+## start, the rest (QEMU, the images' and the cluster's tools, LLVM, about
+## 2 minutes on a new machine) beside them, first in the downloads' slot.
+test-deps: test-build-deps
+	$(call apt_install,$(VM_PACKAGES) $(IMAGE_PACKAGES) $(KUBE_PACKAGES) $(COVERAGE_PACKAGES))
+
+test-build-deps:
+	$(call apt_install,$(APT_PACKAGES) $(PACKAGE_TOOLS))
 
 ## test: unit tests, then the root-only integration tests that start the
 ## real helper and agent over loop devices, then the checks of what the
@@ -225,7 +226,7 @@ test-deps:
 ## mark of this run in its environment (EBS_CSI_TEST_RUN); whatever of the
 ## run's own outlives it (a process, a sandbox's mount or loop device) is
 ## reported and ended, and fails the run (tests/leftovers.py).
-test: test-deps
+test: test-build-deps
 	@mark=$$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n'); \
 	EBS_CSI_TEST_RUN=$$mark MAKE="$(MAKE)" tests/test-tree.sh $(TARGET_DIR) test-steps; status=$$?; \
 	python3 tests/leftovers.py $$mark || status=1; exit $$status
@@ -235,9 +236,9 @@ test: test-deps
 # AWS SDK for EC2), so the three builds the tests need (the debug build,
 # the static build, the previous package's) run side by side from the
 # start, on make's jobserver of three slots (the recipes that run cargo are
-# marked +): while the downloads (the VM images, Python's packages) wait on
-# the network, one slot is theirs and cargo installs the package tools
-# beside the debug build; then at most three compilers on the two cores,
+# marked +): while the downloads (most of the Debian packages, the VM
+# images, Python's packages) wait on the network, one slot is theirs and
+# cargo installs the package tools beside the debug build; then at most three compilers on the two cores,
 # and never more than three AWS SDKs in memory (each build with jobs of its
 # own, six compilers, made every compile 1.5 times slower in all). In
 # phases, the debug build ran alone for 16 minutes of a cold run, one core
@@ -261,7 +262,7 @@ endef
 
 # What the tests download, one after another in one of make's slots.
 test-downloads:
-	$(MAKE) --no-print-directory -j1 vm-images moto prebuilt-tools go-tools kube-tools
+	$(MAKE) --no-print-directory -j1 test-deps vm-images moto prebuilt-tools go-tools kube-tools
 
 # The debug build of the workspace and of its tests, and the previous helper.
 test-build:
@@ -541,7 +542,8 @@ image: image-build sbom
 
 ## image-build: the two OCI images alone, which the real cluster's tests
 ## import (make test builds them before its tests).
-image-build: image-deps static
+image-build: static
+	$(call apt_install,$(IMAGE_PACKAGES))
 	deploy/image/build.sh $(STATIC_DIR) $(IMAGE_DIR) $(VERSION)
 
 ## deb, rpm: the Debian and RPM packages ebs-csi-node and ebs-csi-controller
