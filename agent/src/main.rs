@@ -33,7 +33,7 @@ use crate::discovery::DeviceFinder;
 use crate::helper::Helper;
 use crate::identity::IdentityService;
 use crate::limits::{LimitSettings, XenInstance};
-use crate::metadata::kubernetes::NodeApi;
+use crate::metadata::kubernetes::{ApiSource, NodeApi};
 use crate::metadata::{Found, NodeMetadata, Settings, Source};
 use crate::metrics::NodeMetrics;
 use crate::mount_prefix::MountPointPrefix;
@@ -76,10 +76,17 @@ struct Args {
     /// `metadata-labeler` is read as `kubernetes`, with a warning.
     #[arg(long, value_delimiter = ',', default_value = "imds,kubernetes,dmi", value_parser = Source::parse)]
     metadata_sources: Vec<Source>,
-    /// The Kubernetes service account directory (`token`, `ca.crt`) for the
-    /// `kubernetes` metadata source.
+    /// The Kubernetes service account directory (`token`, `ca.crt`) of
+    /// the in-cluster configuration: the client of the `kubernetes`
+    /// metadata source, the startup taint's removal and `pre-stop`.
     #[arg(long, default_value = "/var/run/secrets/kubernetes.io/serviceaccount")]
     service_account_dir: PathBuf,
+    /// A kubeconfig file for that client instead, as the Go driver's flag
+    /// (outside a cluster): its current context's server and credentials
+    /// (token, token file, client certificate, or an exec plugin such as
+    /// `aws eks get-token`).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
     /// Maximum volumes per node to report, overriding the instance type's
     /// (-1, the Go driver's default: the instance type's).
     #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(i64).range(-1..=i64::from(u32::MAX)))]
@@ -149,9 +156,10 @@ enum Command {
     /// systemd's ExecStop): when this node is being drained (unschedulable,
     /// or tainted by a drain, Cluster Autoscaler or Karpenter) or its Node
     /// is gone, wait until no VolumeAttachment of this driver names it.
-    /// Uses CSI_NODE_NAME and the in-cluster configuration; without
-    /// KUBERNETES_SERVICE_HOST there is nothing to wait for. Also under the
-    /// Go driver's name, `pre-stop-hook`.
+    /// Uses CSI_NODE_NAME and --kubeconfig or the in-cluster
+    /// configuration; with neither --kubeconfig nor KUBERNETES_SERVICE_HOST
+    /// there is nothing to wait for. Also under the Go driver's name,
+    /// `pre-stop-hook`.
     #[command(alias = "pre-stop-hook")]
     PreStop {
         /// Give up after this many seconds (exit 1, naming the attachments
@@ -172,6 +180,17 @@ enum Command {
         #[arg(long, default_value_t = 990)]
         gid: u32,
     },
+}
+
+impl Args {
+    /// Where the Kubernetes client finds the API server: the kubeconfig
+    /// when `--kubeconfig` names one, else the in-cluster configuration.
+    fn api_source(&self) -> ApiSource {
+        match &self.kubeconfig {
+            Some(path) => ApiSource::Kubeconfig(path.clone()),
+            None => ApiSource::InCluster(self.service_account_dir.clone()),
+        }
+    }
 }
 
 #[tokio::main]
@@ -207,11 +226,14 @@ async fn run(command: &Command, args: &Args) -> anyhow::Result<()> {
     match command {
         Command::Devices => print!("{}", devices::table(&devices::list(&args.sys_dir, &args.dev_dir))),
         Command::PreStop { timeout_seconds } => {
-            if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
-                tracing::info!("pre-stop: not on Kubernetes (KUBERNETES_SERVICE_HOST is not set); nothing to wait for");
+            let source = args.api_source();
+            if !source.is_configured() {
+                tracing::info!(
+                    "pre-stop: not on Kubernetes (neither KUBERNETES_SERVICE_HOST nor --kubeconfig is set); nothing to wait for"
+                );
                 return Ok(());
             }
-            let api = NodeApi::in_cluster(&args.service_account_dir).context("pre-stop")?;
+            let api = NodeApi::connect(&source).await.context("pre-stop")?;
             pre_stop::run(&api, timeout_seconds.map(Duration::from_secs))
                 .await
                 .context("pre-stop")?;
@@ -245,7 +267,7 @@ impl Node {
         };
         let settings = Settings {
             sources: args.metadata_sources.clone(),
-            service_account_dir: args.service_account_dir.clone(),
+            api: args.api_source(),
             dmi_dir: args.sys_dir.join("class/dmi/id"),
         };
         let metadata = metadata::resolve(flags, &settings).await.context("node metadata")?;
@@ -292,6 +314,7 @@ async fn serve(args: Args, node: Node) -> anyhow::Result<()> {
         tracing::error!(error = %e, "NodeGetInfo will fail: kubelet does not register the driver on this node");
     }
     let socket = ebs_csi_proto::endpoint::socket_path(&args.endpoint)?;
+    let api = args.api_source();
     tracing::info!(node_id = %metadata.instance_id, zone = %metadata.availability_zone, instance_type = %metadata.instance_type, max_volumes = max_volumes.as_ref().ok(), "node");
     let helper = Helper::new(args.helper_socket, Duration::from_secs(args.helper_timeout_seconds));
     if args.metrics.http_endpoint.is_some() {
@@ -308,7 +331,7 @@ async fn serve(args: Args, node: Node) -> anyhow::Result<()> {
     let wait = Duration::from_secs(args.device_wait_seconds);
     let node = NodeService::new(helper.clone(), finder, metadata, limit, wait, args.legacy_xfs);
     let (info_answered, helper_answers) = (node.info_answered(), helper.clone());
-    taint::remove_when_ready(args.service_account_dir, async move {
+    taint::remove_when_ready(api, async move {
         info_answered.await;
         while !helper_answers.is_ready().await {
             tokio::time::sleep(Duration::from_secs(1)).await;

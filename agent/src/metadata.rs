@@ -159,8 +159,8 @@ impl fmt::Display for Source {
 pub struct Settings {
     /// The sources to try, in order (`--metadata-sources`).
     pub sources: Vec<Source>,
-    /// The Kubernetes service account directory (token and `ca.crt`).
-    pub service_account_dir: PathBuf,
+    /// Where the `kubernetes` source finds the API server.
+    pub api: kubernetes::ApiSource,
     /// The DMI attribute directory (`/sys/class/dmi/id`).
     pub dmi_dir: PathBuf,
 }
@@ -201,9 +201,9 @@ pub async fn resolve(flags: Found, settings: &Settings) -> Result<NodeMetadata, 
     for &source in &settings.sources {
         let found = match source {
             Source::Imds => imds::read().await.map_err(SourceError::from),
-            Source::Kubernetes | Source::MetadataLabeler => kubernetes::read(&settings.service_account_dir)
-                .await
-                .map_err(SourceError::from),
+            Source::Kubernetes | Source::MetadataLabeler => {
+                kubernetes::read(&settings.api).await.map_err(SourceError::from)
+            }
             Source::Dmi => dmi::read(&settings.dmi_dir).map_err(SourceError::from),
         };
         let outcome = found.and_then(|found| flags.clone().or(found).complete().map_err(SourceError::Incomplete));

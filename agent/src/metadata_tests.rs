@@ -18,7 +18,7 @@ fn write_dmi(dir: &Path, vendor: &str, asset_tag: &str, product: &str) {
 fn settings(sources: Vec<Source>, dmi_dir: &Path) -> Settings {
     Settings {
         sources,
-        service_account_dir: dmi_dir.join("no-service-account"),
+        api: kubernetes::ApiSource::InCluster(dmi_dir.join("no-service-account")),
         dmi_dir: dmi_dir.to_owned(),
     }
 }

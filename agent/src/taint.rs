@@ -7,12 +7,11 @@
 //! has answered NodeGetInfo (kubelet registered it) and the helper answers.
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::metadata::kubernetes::{KubernetesError, NodeApi};
+use crate::metadata::kubernetes::{ApiSource, KubernetesError, NodeApi};
 
 /// The taint's key (the Go driver's `AgentNotReadyNodeTaintKey`).
 pub const STARTUP_TAINT: &str = "ebs.csi.aws.com/agent-not-ready";
@@ -64,18 +63,24 @@ pub async fn remove(api: &NodeApi) -> Result<Removal, KubernetesError> {
 
 /// Once `ready` completes, removes the startup taint in the background,
 /// trying again after a failure (1 s, doubling, at most 60 s apart) until
-/// it is gone. Nothing is looked for on a node without the in-cluster
-/// configuration (`CSI_NODE_NAME`, `KUBERNETES_SERVICE_HOST`, the service
-/// account): a systemd or Nomad node has no Node object.
-pub fn remove_when_ready(service_account_dir: PathBuf, ready: impl Future<Output = ()> + Send + 'static) {
-    let api = match NodeApi::in_cluster(&service_account_dir) {
-        Ok(api) => api,
-        Err(e) => {
-            tracing::debug!(error = %e, "no Kubernetes API: the startup taint is not looked for");
-            return;
-        }
-    };
+/// it is gone. Nothing is looked for where `source` names no API server
+/// (without `--kubeconfig`, `KUBERNETES_SERVICE_HOST` unset): a systemd or
+/// Nomad node has no Node object. A client that cannot be made (a
+/// kubeconfig or service account that cannot be used) is an error logged
+/// once.
+pub fn remove_when_ready(source: ApiSource, ready: impl Future<Output = ()> + Send + 'static) {
+    if !source.is_configured() {
+        tracing::debug!("no Kubernetes API: the startup taint is not looked for");
+        return;
+    }
     tokio::spawn(async move {
+        let api = match NodeApi::connect(&source).await {
+            Ok(api) => api,
+            Err(e) => {
+                tracing::error!(taint = STARTUP_TAINT, error = %e, "the startup taint cannot be removed");
+                return;
+            }
+        };
         ready.await;
         let mut pause = Duration::from_secs(1);
         loop {

@@ -117,6 +117,10 @@ struct Args {
     /// region is --region's, else the SDK's: AWS_REGION, the profile, IMDS).
     #[arg(long)]
     metadata_sources: Option<String>,
+    /// The Go driver's kubeconfig for its Kubernetes client: accepted and
+    /// ignored with a warning (the controller has no Kubernetes client).
+    #[arg(long)]
+    kubeconfig: Option<String>,
     /// klog's and other flags of the Go driver's manifests, ignored.
     #[command(flatten)]
     go_driver: GoDriverFlags,
@@ -202,6 +206,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         go_flags::warn_ignored(
             &format!("--metadata-sources={sources}"),
             "the region is --region's, else AWS_REGION's, the profile's or IMDS's",
+        );
+    }
+    if let Some(kubeconfig) = &args.kubeconfig {
+        go_flags::warn_ignored(
+            &format!("--kubeconfig={kubeconfig}"),
+            "the controller has no Kubernetes client: it calls EC2 only, and the sidecars read the cluster",
         );
     }
     let socket = endpoint::socket_path(&args.endpoint)?;

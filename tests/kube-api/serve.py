@@ -5,8 +5,10 @@ of it with a JSON Patch (removing the startup taint), and `GET
 
 Usage: serve.py DIR [--taints JSON] [--unschedulable] [--conflicts N]
 [--volume-attachments JSON]. Writes DIR/ca.crt (a
-fresh CA that signed the server's certificate for IP 127.0.0.1) and
-DIR/token (the only bearer token accepted), prints the port on one line,
+fresh CA that signed the server's certificate for IP 127.0.0.1), DIR/token
+(the only bearer token accepted) and DIR/client.crt and DIR/client.key (a
+client certificate of that CA for the node's user, `system:node:<name>` in
+`system:nodes`, accepted instead of the token), prints the port on one line,
 then logs one line per request to DIR/requests.log and writes the Node as
 it is after each change to DIR/node.json. --taints gives the Node's
 `spec.taints`, --unschedulable sets `spec.unschedulable` (as `kubectl
@@ -19,7 +21,8 @@ it once the volume is detached).
 
 Answers as kube-apiserver does (Kubernetes API reference, "Status" kind;
 the messages are apiserver's, e.g. `nodes "x" not found`):
-- no or another token: 401 Status, reason Unauthorized;
+- no or another token, and no client certificate of the CA: 401 Status,
+  reason Unauthorized;
 - the node named `forbidden`: 403 Status, reason Forbidden, with RBAC's
   message for a service account without `get` on nodes;
 - node.json's node: 200, that Node object (EKS node, `kubectl get -o json`);
@@ -99,6 +102,24 @@ def certificates(directory):
         .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    client = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{NODE['metadata']['name']}"),
+        ]))
+        .issuer_name(ca_name)
+        .public_key(client_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    (directory / "client.crt").write_bytes(client.public_bytes(serialization.Encoding.PEM))
+    (directory / "client.key").write_bytes(client_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     (directory / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     pem = directory / "server.pem"
     pem.write_bytes(
@@ -151,6 +172,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
     node_path = None
     attachments_path = None
 
+    def authenticated(self):
+        """The bearer token, or a client certificate the CA signed (the
+        handshake verified it: CERT_OPTIONAL)."""
+        return self.headers.get("Authorization") == f"Bearer {TOKEN}" or bool(self.request.getpeercert())
+
+    def credential(self):
+        """What the request authenticated with, for the log."""
+        subject = dict(item[0] for item in (self.request.getpeercert() or {}).get("subject", ()))
+        return self.headers.get("Authorization") or (f"certificate {subject['commonName']}" if subject else "")
+
     def answer(self, code, body):
         data = json.dumps(body).encode()
         self.send_response(code)
@@ -167,7 +198,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         with open(self.log_path, "a") as log:
             log.write(f"PATCH {self.path} {content_type} {body}\n")
         name = NODE["metadata"]["name"]
-        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+        if not self.authenticated():
             return self.answer(*status(401, "Unauthorized", "Unauthorized"))
         if self.path != f"/api/v1/nodes/{name}":
             return self.answer(*status(404, "NotFound", "the server could not find the requested resource"))
@@ -194,9 +225,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         with open(self.log_path, "a") as log:
-            log.write(f"GET {self.path} {self.headers.get('Authorization', '')}\n")
+            log.write(f"GET {self.path} {self.credential()}\n")
         prefix = "/api/v1/nodes/"
-        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+        if not self.authenticated():
             code, body = status(401, "Unauthorized", "Unauthorized")
         elif self.path == "/apis/storage.k8s.io/v1/volumeattachments":
             items = json.loads(self.attachments_path.read_text())
@@ -246,6 +277,8 @@ def main():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(pem)
+    context.load_verify_locations(directory / "ca.crt")
+    context.verify_mode = ssl.CERT_OPTIONAL
     server.socket = context.wrap_socket(server.socket, server_side=True)
     print(server.server_address[1], flush=True)
     server.serve_forever()

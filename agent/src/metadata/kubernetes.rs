@@ -1,9 +1,12 @@
-//! This node's Node object in the Kubernetes API, read with the pod's
-//! service account the way client-go's in-cluster config does: the API
-//! server at `KUBERNETES_SERVICE_HOST`:`KUBERNETES_SERVICE_PORT`, the
-//! bearer token and CA bundle from the service account directory, the
-//! node's name from `CSI_NODE_NAME` (the Go driver's variable, set from
-//! the downward API's `spec.nodeName`).
+//! This node's Node object in the Kubernetes API, read with the
+//! configuration the Go driver's client takes
+//! (`clientcmd.BuildConfigFromFlags("", kubeconfig)`, [`ApiSource`]): the
+//! kubeconfig file `--kubeconfig` names ([`kubeconfig`]), else client-go's
+//! in-cluster configuration — the API server at
+//! `KUBERNETES_SERVICE_HOST`:`KUBERNETES_SERVICE_PORT`, the bearer token
+//! and CA bundle from the service account directory. The node's name is
+//! `CSI_NODE_NAME` either way (the Go driver's variable, set from the
+//! downward API's `spec.nodeName`).
 //!
 //! From the Node (Kubernetes API reference, Node v1): the instance id is
 //! the last segment of `spec.providerID` (`aws:///<zone>/<instance id>`, as
@@ -15,8 +18,12 @@
 //! ([`crate::taint`]), `patch` them; and, for the pre-stop step
 //! ([`crate::pre_stop`]), list every VolumeAttachment.
 
+mod exec_plugin;
+mod kubeconfig;
+mod rest_config;
+
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,10 +35,10 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 use serde::Deserialize;
 
+pub use self::rest_config::ApiSource;
+use self::rest_config::{Token, in_cluster, system_roots};
 use super::{Found, causes};
 
 /// How long the whole request may take.
@@ -51,6 +58,22 @@ pub enum KubernetesError {
     /// A variable of the in-cluster configuration is not set.
     #[error("{0} is not set")]
     Unset(&'static str),
+    /// The kubeconfig file cannot be read or used.
+    #[error("kubeconfig {}: {message}", path.display())]
+    Kubeconfig {
+        /// The file (`--kubeconfig`).
+        path: PathBuf,
+        /// What cannot be read or used, and why.
+        message: String,
+    },
+    /// The kubeconfig's credential plugin gave no credential.
+    #[error("credential plugin {}: {message}", command.display())]
+    Exec {
+        /// The plugin's command.
+        command: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
     /// `CSI_NODE_NAME` is not a Node name (RFC 1123 subdomain).
     #[error("CSI_NODE_NAME {0:?} is not a Node name")]
     NodeName(String),
@@ -129,8 +152,8 @@ struct Status {
 /// # Errors
 /// [`KubernetesError`]: configuration missing, API server unreachable or
 /// refusing, or a Node without an EC2 provider id.
-pub async fn read(service_account_dir: &Path) -> Result<Found, KubernetesError> {
-    let node: Node = serde_json::from_slice(&NodeApi::in_cluster(service_account_dir)?.get().await?)?;
+pub async fn read(source: &ApiSource) -> Result<Found, KubernetesError> {
+    let node: Node = serde_json::from_slice(&NodeApi::connect(source).await?.get().await?)?;
     let instance_id = node
         .spec
         .provider_id
@@ -147,51 +170,43 @@ pub async fn read(service_account_dir: &Path) -> Result<Found, KubernetesError> 
     })
 }
 
-/// This node's Node object, and the VolumeAttachments that name it,
-/// through the in-cluster configuration.
+/// This node's Node object, and the VolumeAttachments that name it.
 pub struct NodeApi {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
-    /// `https://<host>:<port>`.
+    /// `https://<host>[:<port>]`.
     server: String,
     /// The Node's name (`CSI_NODE_NAME`).
     node_name: String,
-    token: String,
+    token: Token,
 }
 
 impl NodeApi {
-    /// The client of the Node `CSI_NODE_NAME` names, with the token and CA
-    /// bundle of `service_account_dir`.
+    /// The client of the Node `CSI_NODE_NAME` names, configured from
+    /// `source` (a kubeconfig's credential plugin is run here).
     ///
     /// # Errors
-    /// A variable unset, a name that is not a Node's, unreadable
-    /// credentials, or a TLS configuration refused.
-    pub fn in_cluster(service_account_dir: &Path) -> Result<Self, KubernetesError> {
-        let variable = |name: &'static str| std::env::var(name).map_err(|_| KubernetesError::Unset(name));
-        let node_name = variable("CSI_NODE_NAME")?;
+    /// A variable unset, a name that is not a Node's, a kubeconfig that
+    /// cannot be used, unreadable credentials, or a TLS configuration
+    /// refused.
+    pub async fn connect(source: &ApiSource) -> Result<Self, KubernetesError> {
+        let node_name = std::env::var("CSI_NODE_NAME").map_err(|_| KubernetesError::Unset("CSI_NODE_NAME"))?;
         if !is_node_name(&node_name) {
             return Err(KubernetesError::NodeName(node_name));
         }
-        let host = variable("KUBERNETES_SERVICE_HOST")?;
-        let port = variable("KUBERNETES_SERVICE_PORT")?;
-        let host = if host.contains(':') { format!("[{host}]") } else { host };
-        let token = credential(&service_account_dir.join("token"), |bytes| {
-            String::from_utf8(bytes.to_vec())
-                .map(|t| t.trim().to_owned())
-                .map_err(|e| e.to_string())
-        })?;
-        let roots = credential(&service_account_dir.join("ca.crt"), |bytes| {
-            let mut roots = rustls::RootCertStore::empty();
-            for certificate in CertificateDer::pem_slice_iter(bytes) {
-                roots
-                    .add(certificate.map_err(|e| e.to_string())?)
-                    .map_err(|e| e.to_string())?;
-            }
-            Ok(roots)
-        })?;
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let config = match source {
+            ApiSource::Kubeconfig(path) => kubeconfig::load(path).await?,
+            ApiSource::InCluster(dir) => in_cluster(dir)?,
+        };
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions()?;
+        let tls = match config.roots {
+            Some(roots) => tls.with_root_certificates(roots),
+            None => tls.with_root_certificates(system_roots()),
+        };
+        let tls = match config.identity {
+            Some(identity) => tls.with_client_auth_cert(identity.chain, identity.key)?,
+            None => tls.with_no_client_auth(),
+        };
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_only()
@@ -199,9 +214,9 @@ impl NodeApi {
             .build();
         Ok(Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
-            server: format!("https://{host}:{port}"),
+            server: config.server,
             node_name,
-            token,
+            token: config.token,
         })
     }
 
@@ -246,13 +261,35 @@ impl NodeApi {
         format!("/api/v1/nodes/{}", self.node_name)
     }
 
+    /// Sends the request with the current token; after a 401, once more
+    /// with a credential plugin's new token.
     async fn send(&self, method: Method, path: &str, body: Option<String>) -> Result<Bytes, KubernetesError> {
+        let sent = self
+            .send_with(method.clone(), path, body.clone(), self.token.current()?)
+            .await;
+        if let Err(KubernetesError::Refused { code: 401, .. }) = &sent
+            && let Some(token) = self.token.renewed().await?
+        {
+            return self.send_with(method, path, body, Some(token)).await;
+        }
+        sent
+    }
+
+    async fn send_with(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+        token: Option<String>,
+    ) -> Result<Bytes, KubernetesError> {
         let uri = format!("{}{path}", self.server);
         let mut request = http::Request::builder()
             .method(method.clone())
             .uri(&uri)
-            .header(AUTHORIZATION, format!("Bearer {}", self.token))
             .header(ACCEPT, "application/json");
+        if let Some(token) = token {
+            request = request.header(AUTHORIZATION, format!("Bearer {token}"));
+        }
         if body.is_some() {
             request = request.header(CONTENT_TYPE, "application/json-patch+json");
         }
@@ -287,16 +324,6 @@ impl NodeApi {
         }
         Ok(body)
     }
-}
-
-/// Reads `path` and turns its bytes into a value with `parse`.
-fn credential<T>(path: &Path, parse: impl FnOnce(&[u8]) -> Result<T, String>) -> Result<T, KubernetesError> {
-    let failed = |message: String| KubernetesError::Credentials {
-        path: path.to_owned(),
-        message,
-    };
-    let bytes = std::fs::read(path).map_err(|e| failed(e.to_string()))?;
-    parse(&bytes).map_err(failed)
 }
 
 /// An RFC 1123 subdomain: at most 253 characters of lowercase letters,

@@ -1,7 +1,7 @@
 //! Flags the Go driver's manifests and Helm chart still pass that mean
 //! nothing here: klog's (k8s.io/klog/v2 `InitFlags`), Kubernetes
-//! component-base's logging flags besides `--logging-format` and `-v`,
-//! and `--kubeconfig` (`pkg/driver/options.go`). A cluster switching drivers keeps its
+//! component-base's logging flags besides `--logging-format` and `-v`
+//! (`pkg/driver/options.go`). A cluster switching drivers keeps its
 //! manifests: each is accepted, hidden from `--help`, and named in a warning
 //! at start with why it has no effect here, never a start-up failure.
 
@@ -10,40 +10,27 @@ use std::ffi::OsString;
 use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
 
 /// One ignored flag: its name, the other spelling Go's flag parsing
-/// (klog's underscores) or pflag's (dashes) accepts, whether it takes a
-/// value (else it is a boolean: `--flag` or `--flag=false`), and why it has
-/// no effect here.
+/// (klog's underscores) or pflag's (dashes) accepts, and whether it takes
+/// a value (else it is a boolean: `--flag` or `--flag=false`).
 struct Ignored {
     name: &'static str,
     alias: Option<&'static str>,
     takes_value: bool,
-    why: &'static str,
 }
 
-/// Why klog's and component-base's flags have no effect.
-const LOGGING: &str = "logging is --logging-format and -v";
+/// Why they have no effect.
+const WHY: &str = "logging is --logging-format and -v";
 
 const fn flag(name: &'static str, alias: Option<&'static str>, takes_value: bool) -> Ignored {
     Ignored {
         name,
         alias,
         takes_value,
-        why: LOGGING,
     }
 }
 
-const fn option(name: &'static str, takes_value: bool, why: &'static str) -> Ignored {
-    Ignored {
-        name,
-        alias: None,
-        takes_value,
-        why,
-    }
-}
-
-/// klog v2's flags (`klog.InitFlags`), component-base's logging options
-/// (`k8s.io/component-base/logs/api/v1`), and the Go driver's options
-/// without an effect here.
+/// klog v2's flags (`klog.InitFlags`) and component-base's logging
+/// options (`k8s.io/component-base/logs/api/v1`).
 const IGNORED: &[Ignored] = &[
     flag("logtostderr", None, false),
     flag("alsologtostderr", None, false),
@@ -62,11 +49,6 @@ const IGNORED: &[Ignored] = &[
     flag("log-json-info-buffer-size", None, true),
     flag("log-text-split-stream", None, false),
     flag("log-text-info-buffer-size", None, true),
-    option(
-        "kubeconfig",
-        true,
-        "the Kubernetes client is the pod's own (its service account), in a cluster only",
-    ),
 ];
 
 /// The Go driver's string flags whose default is empty
@@ -103,19 +85,18 @@ pub fn as_the_go_driver_reads(args: impl IntoIterator<Item = OsString>, mode: &s
     args
 }
 
-/// The ignored flags a command line gave, as `--name=value`, each with
-/// why it has no effect.
+/// The ignored flags a command line gave, as `--name=value`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GoDriverFlags {
-    given: Vec<(String, &'static str)>,
+    given: Vec<String>,
 }
 
 impl GoDriverFlags {
     /// Logs a warning naming each ignored flag given (call once logging is
     /// set up).
     pub fn warn(&self) {
-        for (flag, why) in &self.given {
-            warn_ignored(flag, why);
+        for flag in &self.given {
+            warn_ignored(flag, WHY);
         }
     }
 }
@@ -139,7 +120,7 @@ impl FromArgMatches for GoDriverFlags {
     fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
         for ignored in IGNORED {
             if let Some(value) = matches.get_one::<String>(ignored.name) {
-                self.given.push((format!("--{}={value}", ignored.name), ignored.why));
+                self.given.push(format!("--{}={value}", ignored.name));
             }
         }
         Ok(())
@@ -229,27 +210,21 @@ mod tests {
             "--v=5",
             "--log_dir=/var/log",
             "--skip-headers=false",
-            "--kubeconfig",
-            "/root/.kube/config",
             "--stderrthreshold=2",
             "--log-flush-frequency=5s",
         ])
         .unwrap();
         assert_eq!(cli.v, 5);
-        let given: Vec<&str> = cli.go.given.iter().map(|(flag, _)| flag.as_str()).collect();
         assert_eq!(
-            given,
+            cli.go.given,
             [
                 "--logtostderr=true",
                 "--skip_headers=false",
                 "--log_dir=/var/log",
                 "--stderrthreshold=2",
                 "--log-flush-frequency=5s",
-                "--kubeconfig=/root/.kube/config",
             ]
         );
-        assert_eq!(cli.go.given[0].1, LOGGING);
-        assert!(cli.go.given[5].1.contains("service account"));
     }
 
     #[test]

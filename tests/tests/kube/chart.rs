@@ -11,13 +11,16 @@
 //! sidecar that refuses a flag the chart passes restarts), kubelet registers
 //! the driver through the registrar (CSINode: the instance as the node id,
 //! the zone as its topology, an attach limit), the agent removes the startup
-//! taint through the real API server and keeps the other, and the
-//! registrar's own probe passes. (The agent's retry of a taint patch that
-//! lost to another writer stays with the API stand-in, `node_metadata.rs`,
-//! which can make one.)
+//! taint through the real API server and keeps the other, the agent reads
+//! its Node from outside the cluster with the cluster's kubeconfig
+//! (`--kubeconfig`), and the registrar's own probe passes. (The agent's
+//! retry of a taint patch that lost to another writer stays with the API
+//! stand-in, `node_metadata.rs`, which can make one.)
 
+use std::process::Command;
 use std::time::Duration;
 
+use ebs_csi_tests::binary;
 use ebs_csi_tests::kube::{Cluster, Driver, NODE_NAME, STARTUP_TAINT, poll_until};
 use ebs_csi_tests::moto::ZONE;
 
@@ -81,6 +84,27 @@ pub fn installs_the_standard_overlay(cluster: &Cluster, driver: &Driver) {
         !taints().contains(STARTUP_TAINT)
     });
     assert_eq!(taints(), OTHER_TAINT);
+
+    // The agent's Kubernetes client outside the cluster, as `--kubeconfig`
+    // gives it: the cluster's own admin kubeconfig (flow mappings, a CA
+    // file, a token), against the real API server.
+    let outside = Command::new(binary("ebs-csi-agent"))
+        .args(["--metadata-sources", "kubernetes", "--kubeconfig"])
+        .arg(cluster.dir().join("admin.kubeconfig"))
+        .arg("metadata")
+        .env("CSI_NODE_NAME", NODE_NAME)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .expect("ebs-csi-agent metadata");
+    let summary = String::from_utf8_lossy(&outside.stdout);
+    assert!(
+        outside.status.success()
+            && summary.starts_with(&format!(
+                "instance id\t{}\navailability zone\t{ZONE}\n",
+                driver.instance
+            )),
+        "{outside:?}"
+    );
 
     // The registrar's exec probe, as kubelet runs it.
     let node_pod = cluster.node_pods("{.items[*].metadata.name}");
