@@ -235,19 +235,20 @@ test: test-build-deps
 # build spends much of its time in one crate's single-threaded compile (the
 # AWS SDK for EC2), so the three builds the tests need (the debug build,
 # the static build, the previous package's) run side by side from the
-# start, on make's jobserver of three slots (the recipes that run cargo are
-# marked +): while the downloads (most of the Debian packages, the VM
-# images, Python's packages) wait on the network, one slot is theirs and
-# cargo installs the package tools beside the debug build; then at most three compilers on the two cores,
-# and never more than three AWS SDKs in memory (each build with jobs of its
-# own, six compilers, made every compile 1.5 times slower in all). In
-# phases, the debug build ran alone for 16 minutes of a cold run, one core
-# idle once the downloads had ended. The builds only the later checks need
-# go under the tests, at the lowest CPU and I/O priority. The tests run
-# side by side (cargo-nextest, see test-run); the checks two at a time,
-# each one's output printed whole when it ends.
+# start, on make's jobserver of four slots (the recipes that run cargo are
+# marked +): the downloads (most of the Debian packages, the VM images,
+# Python's packages, the Go builds) hold one, and cargo installs the
+# package tools beside the debug build before the two release builds
+# start; then three compilers on the two cores (four once the downloads
+# end), and never more than three AWS SDKs in memory (each build with jobs
+# of its own, six compilers, made every compile 1.5 times slower in all).
+# With three slots the static build waited for the debug build's, 25
+# minutes into a cold run, and ended it alone, one core idle. The builds
+# only the later checks need go under the tests, at the lowest CPU and I/O
+# priority. The tests run side by side (cargo-nextest, see test-run); the
+# checks two at a time, each one's output printed whole when it ends.
 test-steps:
-	+@$(call phase,the downloads and the builds the tests need,-j3 test-downloads package-tools test-build previous-package static image-build)
+	+@$(call phase,the downloads and the builds the tests need,-j4 test-downloads package-tools test-build previous-package static image-build)
 	+@$(call phase,the VMs' disks,vm)
 	+@$(call phase,the tests (and the checks' builds under them),-j2 test-run test-background)
 	+@$(call phase,the checks,-j2 --output-sync=target bench-smoke fuzz-smoke validate-deploy instance-types \
@@ -332,7 +333,7 @@ previous-helper:
 ## another Cargo.lock or another release profile the dependencies are built
 ## twice, the AWS SDK for EC2 too (a new machine's make test took 12 minutes
 ## more, docs/testing.md).
-PREVIOUS_PACKAGE_COMMIT := c9efa8c5b42d385925541d9d308ce1518375ae17
+PREVIOUS_PACKAGE_COMMIT := 60292ac139f9bca9222d34f9bd5d6cca781430c4
 PREVIOUS_PACKAGE_DIR := $(abspath $(TARGET_DIR))/previous-package/$(PREVIOUS_PACKAGE_COMMIT)
 previous-package: package-tools
 	+@if ! ls $(PREVIOUS_PACKAGE_DIR)/ebs-csi-node_*.deb >/dev/null 2>&1; then \
