@@ -234,21 +234,21 @@ test: test-build-deps
 # make test in phases (docs/testing.md, "How long it takes"). A cargo
 # build spends much of its time in one crate's single-threaded compile (the
 # AWS SDK for EC2), so the three builds the tests need (the debug build,
-# the static build, the previous package's) run side by side from the
-# start, on make's jobserver of four slots (the recipes that run cargo are
-# marked +): the downloads (most of the Debian packages, the VM images,
-# Python's packages, the Go builds) hold one, and cargo installs the
-# package tools beside the debug build before the two release builds
-# start; then three compilers on the two cores (four once the downloads
-# end), and never more than three AWS SDKs in memory (each build with jobs
-# of its own, six compilers, made every compile 1.5 times slower in all).
-# With three slots the static build waited for the debug build's, 25
-# minutes into a cold run, and ended it alone, one core idle. The builds
-# only the later checks need go under the tests, at the lowest CPU and I/O
-# priority. The tests run side by side (cargo-nextest, see test-run); the
-# checks two at a time, each one's output printed whole when it ends.
+# the static build, the previous package's) run side by side, on make's
+# jobserver of three slots (the recipes that run cargo are marked +): the
+# downloads (most of the Debian packages, the VM images, Python's
+# packages, the Go builds) hold one, cargo installs the package tools
+# beside the debug build, then builds the previous package, and the static
+# build takes the first slot that ends; never more than three AWS SDKs in
+# memory (each build with jobs of its own, six compilers, made every
+# compile 1.5 times slower in all). The CPU is what bounds the phase: with
+# four slots, all three from the start, it took 3 minutes longer on a new
+# machine (docs/testing.md). The builds only the later checks need go
+# under the tests, at the lowest CPU and I/O priority. The tests run side
+# by side (cargo-nextest, see test-run); the checks two at a time, each
+# one's output printed whole when it ends.
 test-steps:
-	+@$(call phase,the downloads and the builds the tests need,-j4 test-downloads package-tools test-build previous-package static image-build)
+	+@$(call phase,the downloads and the builds the tests need,-j3 test-downloads package-tools test-build previous-package static image-build)
 	+@$(call phase,the VMs' disks,vm)
 	+@$(call phase,the tests (and the checks' builds under them),-j2 test-run test-background)
 	+@$(call phase,the checks,-j2 --output-sync=target bench-smoke fuzz-smoke validate-deploy instance-types \
