@@ -322,7 +322,7 @@ previous-helper:
 	fi
 
 ## previous-package: the ebs-csi-node package of an earlier commit, for the
-## systemd VMs' upgrade from it (tests/src/bin/vm_systemd.rs, scenario 6),
+## systemd VMs' upgrade from it (tests/guest/src/bin/vm_systemd.rs, scenario 6),
 ## made by that commit's own `make static deb` in repro-check's copy
 ## directory, whose dependencies serve both (deploy/build-copy.sh: with
 ## the same Cargo.lock, only the workspace's crates are built twice); once,
@@ -467,7 +467,7 @@ static: package-tools
 	+unset EBS_CSI_VM_DIR EBS_CSI_PREVIOUS_HELPER; SOURCE_DATE_EPOCH=$${LOCK_DATE_EPOCH:-$$(git log -1 --format=%ct -- Cargo.lock)} \
 	RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$(CURDIR)=/ebs-csi --remap-path-prefix=$(abspath $(TARGET_DIR))=/target" \
 	  $(CARGO) auditable build --release --target $(STATIC_TARGET) \
-	  $(foreach b,$(BINARIES),-p $(b)) -p ebs-csi-tests $(foreach b,$(BINARIES) ebs-csi-vm-guest ebs-csi-vm-systemd,--bin $(b))
+	  $(foreach b,$(BINARIES),-p $(b)) -p ebs-csi-test-guest $(foreach b,$(BINARIES) ebs-csi-vm-guest ebs-csi-vm-systemd,--bin $(b))
 endif
 
 ## docs: docs/ as a browsable site under target/book (mdBook; the front

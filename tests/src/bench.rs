@@ -14,7 +14,7 @@ use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use ebs_csi_proto::v1::*;
 use tonic::transport::Channel;
 
-use crate::loopdev::run;
+use crate::run;
 use crate::trace::ClientStamps;
 use crate::{Agent, Helper, LoopVolume, Sandbox};
 

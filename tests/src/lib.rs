@@ -11,27 +11,20 @@
 )]
 
 use std::os::unix::fs::PermissionsExt;
-
-use sha2::Digest;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ebs_csi_helper_client::{ClientError, HelperClient};
-use ebs_csi_helper_proto::{
-    FormatOptions, FsType, HelperError, PublishRequest, PublishSource, Reply, Request, StageRequest, VolumeId,
-};
+use ebs_csi_helper_proto::{HelperError, Reply, Request};
 use ebs_csi_proto::v1::node_client::NodeClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 pub mod attach_sim;
 pub mod bench;
 pub mod changed_blocks;
 pub mod chaos;
-pub mod children;
-pub mod exec_gate;
-pub mod guest;
 pub mod http_proxy;
 pub mod kube;
 pub mod kube_api;
@@ -45,10 +38,12 @@ pub mod stall;
 pub mod trace;
 pub mod unreadable;
 
+pub use ebs_csi_test_guest::{
+    AGENT_UID, channel, children, exec_gate, guest, is_ready, kubelet_block_target, kubelet_staging,
+    kubelet_staging_hash, kubelet_target, make_dir, publish_device, publish_staged, run, run_as, sha256_hex,
+    stage_request, wait_until, write_kubelet_record,
+};
 pub use loopdev::LoopVolume;
-
-/// The unprivileged uid the agent runs as in tests (`nobody`).
-pub const AGENT_UID: u32 = 65534;
 
 /// The first line of a test that needs root, which is marked
 /// `#[cfg_attr(not_root, ignore = "needs root: …")]`: `tests/build.rs` sets
@@ -112,16 +107,6 @@ pub fn go_tool(name: &str) -> PathBuf {
     let path = profile_dir().parent().expect("target dir").join("go/bin").join(name);
     assert!(path.exists(), "{} is not built: run `make go-tools`", path.display());
     path
-}
-
-/// Waits until `condition` holds, polling every 10 ms, or panics after
-/// `deadline` with `what`.
-pub fn wait_until(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !condition() {
-        assert!(start.elapsed() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// A scratch tree: the helper's allowed root, sockets, backing files.
@@ -235,71 +220,6 @@ impl Sandbox {
     }
 }
 
-/// The directory kubelet stages the CSI volume `volume_id` beneath: its
-/// SHA-256 in hex (`pkg/volume/csi/csi_attacher.go`, `MakeDeviceMountPath`).
-pub fn kubelet_staging_hash(volume_id: &str) -> String {
-    sha256_hex(volume_id)
-}
-
-/// The SHA-256 of `text` in lowercase hex, as kubelet names what it makes
-/// for a volume (Go's `%x` of `sha256.Sum256`).
-pub fn sha256_hex(text: &str) -> String {
-    sha2::Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// kubelet's staging path of the volume `volume_id` beneath its root
-/// `kubelet`, made as kubelet makes it before NodeStageVolume (kubernetes
-/// `pkg/volume/csi/csi_attacher.go`, `MountDevice`): an empty directory
-/// `plugins/kubernetes.io/csi/ebs.csi.aws.com/<sha256 of the volume
-/// handle>/globalmount` (`MakeDeviceMountPath`) and kubelet's record of
-/// the volume beside it ([`write_kubelet_record`]).
-pub fn kubelet_staging(kubelet: &Path, volume_id: &str) -> PathBuf {
-    let hash = kubelet_staging_hash(volume_id);
-    let dir = make_dir(&kubelet.join(format!("plugins/kubernetes.io/csi/ebs.csi.aws.com/{hash}")));
-    write_kubelet_record(&dir, volume_id);
-    make_dir(&dir.join("globalmount"))
-}
-
-/// kubelet's target path of the volume `volume_id` as the PV `pv` in pod
-/// `pod` beneath its root `kubelet`, made as kubelet makes it before
-/// NodePublishVolume (`csi_mounter.go`, `SetUpAt`): the directory
-/// `pods/<pod>/volumes/kubernetes.io~csi/<pv>` with kubelet's record of the
-/// volume in it; the target, `mount` in it, is the plugin's to create.
-pub fn kubelet_target(kubelet: &Path, pod: &str, pv: &str, volume_id: &str) -> PathBuf {
-    let dir = make_dir(&kubelet.join(format!("pods/{pod}/volumes/kubernetes.io~csi/{pv}")));
-    write_kubelet_record(&dir, volume_id);
-    dir.join("mount")
-}
-
-/// kubelet's raw block target of the volume `volume_id` as the PV `pv` in
-/// pod `pod` beneath its root `kubelet`, made as kubelet makes it
-/// (`csi_block.go`, `SetUpDevice` and `publishVolumeForBlock`): its record
-/// of the volume in `plugins/kubernetes.io/csi/volumeDevices/<pv>/data`,
-/// the directory `volumeDevices/publish/<pv>`; the target, `<pod>` in it,
-/// is the plugin's to create.
-pub fn kubelet_block_target(kubelet: &Path, pod: &str, pv: &str, volume_id: &str) -> PathBuf {
-    let devices = kubelet.join("plugins/kubernetes.io/csi/volumeDevices");
-    write_kubelet_record(&make_dir(&devices.join(pv).join("data")), volume_id);
-    make_dir(&devices.join("publish").join(pv)).join(pod)
-}
-
-/// Writes kubelet's record of the volume `volume_id` of this driver,
-/// `vol_data.json`, into `dir`, as kubelet writes it (kubernetes
-/// `pkg/volume/csi/csi_util.go`, `saveVolumeData`: a JSON object of
-/// strings, root's, mode 0644); the helper publishes and stages only
-/// where it names the volume.
-pub fn write_kubelet_record(dir: &Path, volume_id: &str) {
-    let record = format!(
-        r#"{{"driverName":"ebs.csi.aws.com","volumeHandle":"{volume_id}","specVolID":"pv-{volume_id}","volumeLifecycleMode":"Persistent"}}"#
-    );
-    let path = dir.join("vol_data.json");
-    std::fs::write(&path, record).expect("vol_data.json");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-}
-
 /// Links `<dir>/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol…` to the
 /// loop device of `volume`, as udev does for an attached EBS volume.
 pub fn link_ebs_device(dir: &Path, volume: &LoopVolume) {
@@ -310,13 +230,6 @@ pub fn link_ebs_device(dir: &Path, volume: &LoopVolume) {
         by_id.join(format!("nvme-Amazon_Elastic_Block_Store_{serial}")),
     )
     .expect("link");
-}
-
-/// Creates `path` (and parents), mode 0755, and returns it.
-pub fn make_dir(path: &Path) -> PathBuf {
-    std::fs::create_dir_all(path).expect("mkdir");
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    path.to_owned()
 }
 
 /// Whether this process may grow ext4 online (`CAP_SYS_RESOURCE`, which
@@ -454,37 +367,6 @@ pub fn data_pattern(len: usize) -> Vec<u8> {
                 .to_be_bytes()[0]
         })
         .collect()
-}
-
-/// Whether `path` is ready: it exists and, when it is a unix socket, its
-/// server (process `server`) listens on it. A socket's file appears at
-/// `bind(2)`, before `listen(2)`; a client connecting in between is
-/// refused, so existence alone is not readiness. A listening socket is
-/// listed in the `net/unix` table of its network namespace (unix(7)) with
-/// the `__SO_ACCEPTCON` flag, 0x10000; the server's own
-/// `/proc/<pid>/net/unix` is that namespace's (a server may run in another,
-/// as under `unshare --net`). The helper's socket must also have its owner
-/// and mode by then, or a peer of another uid is refused (`EACCES`).
-pub fn is_ready(path: &Path, server: u32) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    let Ok(metadata) = std::fs::symlink_metadata(path) else {
-        return false;
-    };
-    if !metadata.file_type().is_socket() {
-        return true;
-    }
-    // The table lists the name a socket was bound at: the helper binds at
-    // `<path>.binding` and renames the socket to `path` once it has its
-    // owner and mode, so `path` exists only then.
-    let names = [path.to_path_buf(), path.with_extension("binding")];
-    std::fs::read_to_string(format!("/proc/{server}/net/unix"))
-        .unwrap_or_default()
-        .lines()
-        .any(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let name = fields.get(7).map(Path::new);
-            name.is_some_and(|n| names.iter().any(|m| m == n)) && fields.get(3) == Some(&"00010000")
-        })
 }
 
 /// Starts `command` with stderr to `log` and waits until `ready` is ready
@@ -647,63 +529,6 @@ impl Helper {
     }
 }
 
-/// A helper Stage request: `device` as `volume_id` onto `staging`, with
-/// `mount_flags` and default format options. Panics on a malformed
-/// volume id (the helper's own parsing is tested on the wire).
-pub fn stage_request(volume_id: &str, device: &Path, staging: &Path, fs_type: FsType, mount_flags: &[&str]) -> Request {
-    Request::Stage(StageRequest {
-        volume_id: VolumeId::parse(volume_id).expect("volume id"),
-        device: device.to_string_lossy().into_owned(),
-        staging_path: staging.to_string_lossy().into_owned(),
-        fs_type,
-        mount_flags: mount_flags.iter().map(|f| (*f).to_owned()).collect(),
-        format: FormatOptions::default(),
-    })
-}
-
-/// A helper Publish request of the filesystem `volume_id` has staged (on
-/// `device`) at `staging`, onto `target`, read-write.
-pub fn publish_staged(volume_id: &str, device: &Path, staging: &Path, target: &Path) -> Request {
-    Request::Publish(PublishRequest {
-        target_path: target.to_string_lossy().into_owned(),
-        readonly: false,
-        source: PublishSource::Staging {
-            volume_id: VolumeId::parse(volume_id).expect("volume id"),
-            device: device.to_string_lossy().into_owned(),
-            staging_path: staging.to_string_lossy().into_owned(),
-            mount_flags: vec![],
-        },
-    })
-}
-
-/// A helper Publish request of `device` as the raw block volume
-/// `volume_id` onto `target`, read-write.
-pub fn publish_device(volume_id: &str, device: &Path, target: &Path) -> Request {
-    Request::Publish(PublishRequest {
-        target_path: target.to_string_lossy().into_owned(),
-        readonly: false,
-        source: PublishSource::Device {
-            volume_id: VolumeId::parse(volume_id).expect("volume id"),
-            device: device.to_string_lossy().into_owned(),
-        },
-    })
-}
-
-/// Runs `f` on a thread whose uid and gid are switched to `id` (Linux
-/// credentials are per thread at the syscall level), then returns its
-/// result.
-pub fn run_as<T: Send + 'static>(id: u32, f: impl FnOnce() -> T + Send + 'static) -> T {
-    std::thread::spawn(move || {
-        let gid = rustix::process::Gid::from_raw(id);
-        rustix::thread::set_thread_res_gid(gid, gid, gid).expect("setresgid");
-        let uid = rustix::process::Uid::from_raw(id);
-        rustix::thread::set_thread_res_uid(uid, uid, uid).expect("setresuid");
-        f()
-    })
-    .join()
-    .expect("thread")
-}
-
 /// The agent of a test: the real `ebs-csi-agent` binary, as uid 65534.
 pub struct Agent {
     /// Its CSI socket.
@@ -764,23 +589,6 @@ impl Agent {
     pub async fn node(&self) -> NodeClient<Channel> {
         NodeClient::new(channel(&self.socket).await)
     }
-}
-
-/// A gRPC channel over a unix socket.
-pub async fn channel(socket: &Path) -> Channel {
-    let socket = socket.to_path_buf();
-    Endpoint::try_from("http://[::]:50051")
-        .expect("endpoint")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
-        }))
-        .await
-        .expect("connect")
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::run;
+
 /// A sparse backing file `<dir>/<volume_id>.img` and a loop device over
 /// it, detached on drop.
 pub struct LoopVolume {
@@ -193,15 +195,4 @@ pub fn detach_under(dir: &Path) {
                 .status();
         }
     }
-}
-
-/// Runs a command and asserts it succeeds; returns stdout.
-pub fn run(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program).args(args).output().expect(program);
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }

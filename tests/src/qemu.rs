@@ -19,7 +19,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::loopdev::run;
+use crate::guest::{INSTANCE_ID, INSTANCE_TYPE};
+use crate::run;
 
 /// Size of every EBS-style disk, in MiB (xfs needs 300 MiB at least).
 pub const DISK_MIB: u64 = 512;
@@ -125,13 +126,6 @@ pub fn disk(dir: &Path, name: &str) -> PathBuf {
         .unwrap();
     path
 }
-
-/// The instance id the test VMs' SMBIOS board asset tag carries, as a
-/// Nitro instance's does.
-pub const INSTANCE_ID: &str = "i-0a1b2c3d4e5f60718";
-
-/// The instance type the test VMs' SMBIOS product name carries.
-pub const INSTANCE_TYPE: &str = "m5.large";
 
 /// The common part of a test VM's command line: TCG on q35 with `memory_mib`,
 /// SMBIOS tables like an EC2 Nitro instance's (system manufacturer `Amazon

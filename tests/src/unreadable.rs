@@ -14,7 +14,7 @@
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::loopdev::run;
+use crate::run;
 use crate::{LoopVolume, make_dir};
 
 /// The outer filesystem's block size, in bytes.

@@ -23,7 +23,7 @@ use ebs_csi_helper_proto::{
 };
 use ebs_csi_tests::children::exited;
 use ebs_csi_tests::exec_gate::{ExecGate, MKFS};
-use ebs_csi_tests::loopdev::run;
+use ebs_csi_tests::run;
 use ebs_csi_tests::{
     AGENT_UID, Helper, LoopVolume, SLAVE_NAMESPACE, Sandbox, binary, ebs_csi_mounts, is_mounted, is_the_hosts,
     mounts_under, publish_device, publish_staged, require_root, run_as, spawn, stage_request, wait_until,

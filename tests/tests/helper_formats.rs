@@ -185,7 +185,7 @@ fn legacy_xfs_has_none_of_the_features_old_kernels_cannot_mount() {
         let staging = sandbox.staging(&volume.volume_id).to_string_lossy().into_owned();
         let unstage = Request::Unstage(UnstageRequest { staging_path: staging });
         assert_eq!(helper.call(unstage).unwrap(), Reply::Done);
-        ebs_csi_tests::loopdev::run("xfs_db", &["-r", "-c", "version", &volume.device.to_string_lossy()])
+        ebs_csi_tests::run("xfs_db", &["-r", "-c", "version", &volume.device.to_string_lossy()])
     };
     let new = ["BIGTIME", "INOBTCNT", "REFLINK"];
     let default = features(false, 11);

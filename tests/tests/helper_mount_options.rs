@@ -12,7 +12,7 @@ use ebs_csi_helper::mount::EXT_ERRORS_DEFAULT;
 use ebs_csi_helper_client::ClientError;
 use ebs_csi_helper_proto::{FsType, HelperError, Reply, Request, UnstageRequest};
 use ebs_csi_tests::guest::super_options;
-use ebs_csi_tests::loopdev::run;
+use ebs_csi_tests::run;
 use ebs_csi_tests::{Helper, LoopVolume, Sandbox, is_mounted, require_root, stage_request};
 
 /// Stages a 300 MiB loop volume, first given to `prepare` (its device),

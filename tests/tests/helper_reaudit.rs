@@ -375,7 +375,7 @@ fn no_tool_grows_a_filesystem_that_fills_its_device() {
         ("vol-0e3e3e3e3e3e3e3e2", FsType::Ext4, "mkfs.ext4"),
     ] {
         let volume = LoopVolume::create(sandbox.path(), volume_id, 320);
-        ebs_csi_tests::loopdev::run(mkfs, &["-q", &volume.device.to_string_lossy()]);
+        ebs_csi_tests::run(mkfs, &["-q", &volume.device.to_string_lossy()]);
         let staging = sandbox.staging(volume_id);
         let request = stage_request(volume_id, &volume.device, &staging, fs_type, &[]);
         assert_eq!(helper.call(request).unwrap(), Reply::Done);

@@ -15,7 +15,7 @@ use ebs_csi_helper_proto::{
     FsType, HelperError, MAX_FRAME_BYTES, PROTOCOL_VERSION, PerformanceStatisticsRequest, PublishRequest,
     PublishSource, Request, RequestFrame, Response, VolumeId, write_frame,
 };
-use ebs_csi_tests::loopdev::run;
+use ebs_csi_tests::run;
 use ebs_csi_tests::{AGENT_UID, Helper, LoopVolume, Sandbox, mounts_under, require_root, run_as, stage_request};
 
 const VOLUME: &str = "vol-0aaaaaaaaaaaaaaa1";

@@ -442,7 +442,7 @@ async fn expand_grows_the_filesystem_online() {
             "{fs_type} did not grow"
         );
         node.client.node_expand_volume(request).await.unwrap();
-        let df = ebs_csi_tests::loopdev::run("df", &["-B1", "--output=size", &path(&node.target)]);
+        let df = ebs_csi_tests::run("df", &["-B1", "--output=size", &path(&node.target)]);
         let df_size: u64 = df.lines().nth(1).unwrap().trim().parse().unwrap();
         assert!(df_size > (size_mib << 20) * 3 / 2, "df shows {df_size}");
         node.unpublish(volume_id).await.unwrap();
@@ -912,7 +912,7 @@ async fn stage_honours_format_options_and_refuses_another_device_at_the_path() {
         ..Default::default()
     };
     node.client.node_stage_volume(request).await.unwrap();
-    let superblock = ebs_csi_tests::loopdev::run("tune2fs", &["-l", &path(&volume.device)]);
+    let superblock = ebs_csi_tests::run("tune2fs", &["-l", &path(&volume.device)]);
     assert!(
         superblock
             .lines()
@@ -956,7 +956,7 @@ async fn legacy_xfs_formats_xfs_that_old_kernels_mount() {
         .await
         .unwrap();
     node.unstage(volume_id).await.unwrap();
-    let features = ebs_csi_tests::loopdev::run("xfs_db", &["-r", "-c", "version", &path(&volume.device)]);
+    let features = ebs_csi_tests::run("xfs_db", &["-r", "-c", "version", &path(&volume.device)]);
     assert!(features.contains("V5,"), "{features}");
     for feature in ["BIGTIME", "INOBTCNT", "REFLINK"] {
         assert!(!features.contains(feature), "{features}");

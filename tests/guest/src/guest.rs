@@ -1,7 +1,8 @@
 //! What the guest drivers of the test VMs share (`ebs-csi-vm-guest` in the
-//! NVMe VM, `ebs-csi-vm-systemd` in the systemd VMs): reporting a scenario
-//! to the host ([`crate::qemu`] reads it), finding an emulated EBS disk by its
-//! NVMe serial, and reading mounts.
+//! NVMe VM, `ebs-csi-vm-systemd` in the systemd VMs): the instance they
+//! are, reporting a scenario to the host (the tests' `ebs_csi_tests::qemu`
+//! reads it), finding an emulated EBS disk by its NVMe serial, and reading
+//! mounts.
 #![allow(clippy::unwrap_used, reason = "test support: a failed step fails the test")]
 
 use std::path::{Path, PathBuf};
@@ -12,6 +13,13 @@ use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use ebs_csi_proto::v1::{NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse, VolumeCapability};
 use tonic::transport::Channel;
+
+/// The instance id the test VMs' SMBIOS board asset tag carries, as a
+/// Nitro instance's does.
+pub const INSTANCE_ID: &str = "i-0a1b2c3d4e5f60718";
+
+/// The instance type the test VMs' SMBIOS product name carries.
+pub const INSTANCE_TYPE: &str = "m5.large";
 
 /// A single-node-writer filesystem capability of type `fs_type`.
 pub fn mount_capability(fs_type: &str) -> Option<VolumeCapability> {

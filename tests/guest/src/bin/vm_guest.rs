@@ -25,14 +25,13 @@ use ebs_csi_helper_proto::{
 use ebs_csi_linux::nvme::identify_controller;
 use ebs_csi_proto::v1::node_client::NodeClient;
 use ebs_csi_proto::v1::{NodeGetInfoRequest, NodeStageVolumeRequest, NodeUnstageVolumeRequest};
-use ebs_csi_tests::children::descendants_named;
-use ebs_csi_tests::exec_gate::{ExecGate, MKFS};
-use ebs_csi_tests::guest::{
-    device_number, find_controller, mount_capability, mount_type, mounted_device, report, serial, volume_stats,
-    wait_for_disk,
+use ebs_csi_test_guest::children::descendants_named;
+use ebs_csi_test_guest::exec_gate::{ExecGate, MKFS};
+use ebs_csi_test_guest::guest::{
+    INSTANCE_ID, INSTANCE_TYPE, device_number, find_controller, mount_capability, mount_type, mounted_device, report,
+    serial, volume_stats, wait_for_disk,
 };
-use ebs_csi_tests::qemu::{INSTANCE_ID, INSTANCE_TYPE};
-use ebs_csi_tests::{AGENT_UID, channel, run_as, stage_request};
+use ebs_csi_test_guest::{AGENT_UID, channel, run_as, stage_request};
 use tonic::transport::Channel;
 
 /// The disks QEMU starts with (`tests/tests/nvme_vm.rs` passes the same).
@@ -369,7 +368,7 @@ fn a_disk_whose_partition_is_held_is_in_use() {
         volume_id: volume.to_owned(),
         reason: ebs_csi_helper::device::Refusal::Held.to_string(),
     };
-    let target = ebs_csi_tests::kubelet_block_target(Path::new(KUBELET), "held", "pv-held", volume);
+    let target = ebs_csi_test_guest::kubelet_block_target(Path::new(KUBELET), "held", "pv-held", volume);
     let publish = Request::Publish(PublishRequest {
         target_path: target.display().to_string(),
         readonly: false,
@@ -530,10 +529,10 @@ fn start_agent() -> Child {
 }
 
 /// Waits until `server` listens on the socket at `path` (not merely that
-/// the file exists: see [`ebs_csi_tests::is_ready`]).
+/// the file exists: see [`ebs_csi_test_guest::is_ready`]).
 fn wait_for_socket(path: &Path, server: u32) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !ebs_csi_tests::is_ready(path, server) {
+    while !ebs_csi_test_guest::is_ready(path, server) {
         assert!(Instant::now() < deadline, "{} never listened", path.display());
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -541,7 +540,7 @@ fn wait_for_socket(path: &Path, server: u32) {
 
 /// kubelet's staging path of `volume_id`, made as kubelet makes it.
 fn make_staging(volume_id: &str) -> PathBuf {
-    ebs_csi_tests::kubelet_staging(Path::new(KUBELET), volume_id)
+    ebs_csi_test_guest::kubelet_staging(Path::new(KUBELET), volume_id)
 }
 
 async fn stage(node: &mut NodeClient<Channel>, volume_id: &str, fs: &str) -> Result<PathBuf, tonic::Status> {

@@ -6,7 +6,7 @@
 //! the shipped units (with the VM's drop-ins for QEMU's NVMe identity and
 //! the missing instance metadata).
 //!
-//! It speaks the console protocol of [`ebs_csi_tests::qemu`] on stdout.
+//! It speaks the console protocol of the tests' `ebs_csi_tests::qemu` on stdout.
 //! Any failed check panics, and the payload reports a non-zero `@@EXIT`.
 #![allow(
     clippy::unwrap_used,
@@ -30,11 +30,11 @@ use ebs_csi_proto::v1::{
     NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest,
     ProbeRequest,
 };
-use ebs_csi_tests::guest::{
+use ebs_csi_test_guest::guest::{
     device_number, mount_capability, mounted_device_in, report, serial, volume_stats, wait_for_disk,
 };
-use ebs_csi_tests::loopdev::run;
-use ebs_csi_tests::{channel, wait_until};
+use ebs_csi_test_guest::run;
+use ebs_csi_test_guest::{channel, wait_until};
 use rustix::process::{Gid, Uid};
 use tonic::transport::Channel;
 
@@ -165,7 +165,7 @@ async fn units_run_sandboxed() {
         CAP_SYS_ADMIN | CAP_SYS_RESOURCE | CAP_DAC_READ_SEARCH | CAP_DAC_OVERRIDE | CAP_SETUID | CAP_SETGID | CAP_KILL;
     let mut runners = Vec::new();
     wait_until("the helper's runner", Duration::from_secs(10), || {
-        runners = ebs_csi_tests::children::descendants_named(helper, "ebs-csi-runner");
+        runners = ebs_csi_test_guest::children::descendants_named(helper, "ebs-csi-runner");
         !runners.is_empty()
     });
     assert_eq!(runners.len(), 1, "one runner: {runners:?}");
@@ -354,7 +354,7 @@ fn agent_unprivileged_and_other_peers_refused() {
     );
     let (staging, _) = kubelet_paths(VOLUME_B);
     let stage =
-        || ebs_csi_tests::stage_request(VOLUME_B, &namespace, &staging, ebs_csi_helper_proto::FsType::Ext4, &[]);
+        || ebs_csi_test_guest::stage_request(VOLUME_B, &namespace, &staging, ebs_csi_helper_proto::FsType::Ext4, &[]);
     let call = |uid: u32, gid: u32, request: Request| {
         std::thread::spawn(move || {
             let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
@@ -717,7 +717,7 @@ fn mounted_on_host(path: &Path) -> Option<(u32, u32)> {
 /// as kubelet makes them (root, 0750 at each level, its record of the
 /// volume beside each).
 fn kubelet_paths(volume_id: &str) -> (PathBuf, PathBuf) {
-    let staging = ebs_csi_tests::kubelet_staging(Path::new("/var/lib/kubelet"), volume_id);
+    let staging = ebs_csi_test_guest::kubelet_staging(Path::new("/var/lib/kubelet"), volume_id);
     let pv = PathBuf::from(format!(
         "/var/lib/kubelet/pods/{}/volumes/kubernetes.io~csi/pv-{volume_id}",
         serial(volume_id)
@@ -730,7 +730,7 @@ fn kubelet_paths(volume_id: &str) -> (PathBuf, PathBuf) {
             level = level.parent().unwrap();
         }
     }
-    ebs_csi_tests::write_kubelet_record(&pv, volume_id);
+    ebs_csi_test_guest::write_kubelet_record(&pv, volume_id);
     (staging, pv.join("mount"))
 }
 
