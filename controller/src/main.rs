@@ -4,6 +4,7 @@
 mod devices;
 mod ec2;
 mod error;
+mod https;
 mod metrics;
 mod parameters;
 mod service;
@@ -215,7 +216,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         );
     }
     let socket = endpoint::socket_path(&args.endpoint)?;
-    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(https::https_client());
     if let Some(region) = args.region {
         loader = loader.region(aws_config::Region::new(region));
     }

@@ -2,18 +2,32 @@
 //! client, which honours `AWS_EC2_METADATA_SERVICE_ENDPOINT`. When the
 //! instance's hop limit keeps the session token's answer from reaching
 //! this network namespace, the client gives up after its 1 s read timeout
-//! ("failed to load IMDS session token").
+//! ("failed to load IMDS session token"). Its HTTP client goes to the
+//! endpoint directly, never through a proxy the environment names: the
+//! instance's metadata is answered only on the instance's own link-local
+//! address (EC2 User Guide, "Instance metadata service": a node behind a
+//! proxy excludes 169.254.169.254 from it).
 
 use std::sync::LazyLock;
 
 use aws_config::imds::Client;
+use aws_config::provider_config::ProviderConfig;
+use aws_smithy_http_client::Builder;
+use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
 
 use super::{Found, causes};
 
 /// One client for the process: it keeps its IMDSv2 session token, so
 /// NodeGetInfo's read of the interfaces (every
 /// `nodeAllocatableUpdatePeriodSeconds`) asks for no new token.
-static CLIENT: LazyLock<Client> = LazyLock::new(|| Client::builder().build());
+static CLIENT: LazyLock<Client> = LazyLock::new(|| {
+    let http = Builder::new()
+        .tls_provider(Provider::Rustls(CryptoMode::AwsLc))
+        .build_https();
+    Client::builder()
+        .configure(&ProviderConfig::default().with_http_client(http))
+        .build()
+});
 
 /// A metadata path IMDS did not answer.
 #[derive(Debug, thiserror::Error)]

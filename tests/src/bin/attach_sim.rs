@@ -32,7 +32,12 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     tracing_subscriber::fmt().with_writer(std::io::stderr).init();
-    let config = aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await;
+    // moto, over plain HTTP on the loopback.
+    let http = aws_smithy_http_client::Builder::new().build_http();
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .http_client(http)
+        .load()
+        .await;
     let sim_config = SimConfig {
         instance_id: args.instance_id,
         dev_dir: args.dev_dir,
