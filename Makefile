@@ -2,8 +2,9 @@
 # needs, idempotently, so a fresh Debian machine needs nothing but this.
 
 CARGO ?= cargo
+# CMake and Go (golang-go) also build AWS-LC's FIPS module (aws-lc-fips-sys).
 APT_PACKAGES := e2fsprogs xfsprogs util-linux fdisk mount systemd python3-venv rsync \
-	golang-go golang-google-grpc-dev fuse3
+	golang-go golang-google-grpc-dev fuse3 cmake
 # Dependencies build without debug info (see Cargo.toml); two jobs fit the
 # machine's memory while the AWS SDK compiles.
 export CARGO_BUILD_JOBS ?= 2

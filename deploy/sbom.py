@@ -37,12 +37,13 @@ TARGET = "x86_64-unknown-linux-gnu"
 SHIPPED = {"ebs-csi-agent": "agent", "ebs-csi-controller": "controller", "ebs-csi-helper": "helper"}
 MUST = {
     "ebs-csi-helper": {"ebs-csi-helper-proto", "ebs-csi-linux", "rustix", "seccompiler", "landlock"},
-    "ebs-csi-agent": {"ebs-csi-helper-client", "ebs-csi-proto", "tonic", "tokio"},
-    "ebs-csi-controller": {"ebs-csi-proto", "tonic", "aws-sdk-ec2", "aws-sdk-ebs", "aws-config"},
+    # Their TLS is AWS-LC's FIPS module's (proto/csi/src/fips.rs).
+    "ebs-csi-agent": {"ebs-csi-helper-client", "ebs-csi-proto", "tonic", "tokio", "aws-lc-fips-sys"},
+    "ebs-csi-controller": {"ebs-csi-proto", "tonic", "aws-sdk-ec2", "aws-sdk-ebs", "aws-config", "aws-lc-fips-sys"},
 }
 MUST_NOT = {
     "ebs-csi-helper": {"tokio", "tonic", "prost", "hyper", "h2", "aws-sdk-ec2", "aws-sdk-ebs", "aws-config",
-                       "ebs-csi-helper-client", "ebs-csi-proto"},
+                       "ebs-csi-helper-client", "ebs-csi-proto", "aws-lc-fips-sys"},
     # The agent reads IMDS through aws-config, but calls no EC2 or EBS API.
     "ebs-csi-agent": {"aws-sdk-ec2", "aws-sdk-ebs"},
     "ebs-csi-controller": {"ebs-csi-helper-client"},

@@ -19,6 +19,7 @@ mod stats;
 mod taint;
 
 use ebs_csi_proto::endpoint::LoggingFormat;
+use ebs_csi_proto::fips;
 use ebs_csi_proto::go_flags::{self, GoDriverFlags};
 use ebs_csi_proto::metrics_http::{self, MetricsFlags};
 use ebs_csi_proto::telemetry::{SpanExport, TracingFlags};
@@ -115,6 +116,14 @@ struct Args {
     metrics: MetricsFlags,
     #[command(flatten)]
     tracing: TracingFlags,
+    /// FIPS 140-3 mode (the Go driver's FIPS image; the chart's `fips`):
+    /// the start fails unless AWS-LC's FIPS module, which makes every TLS
+    /// connection here (the Kubernetes API, the metrics endpoint, the OTLP
+    /// exporter; instance metadata is plain HTTP on the instance) with its
+    /// approved algorithms only, is in FIPS mode; `--version` and the log
+    /// say it is.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set)]
+    fips: bool,
     /// Report the statistics only of volumes mounted beneath this path (as
     /// the Go driver's flag; default: of every EBS volume).
     #[arg(long, value_parser = |p: &str| Ok::<_, String>(MountPointPrefix::new(p)))]
@@ -196,9 +205,13 @@ impl Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse_from(go_flags::as_the_go_driver_reads(std::env::args_os(), "node"));
+    if args.fips {
+        fips::enable().context("--fips")?;
+    }
     args.version.answer_if_asked();
     let spans = SpanExport::start(&args.tracing).context("--enable-otel-tracing")?;
     ebs_csi_proto::endpoint::init_logging(args.logging_format, args.v, &[], spans.as_ref());
+    fips::log_mode();
     args.go_driver.warn();
     if args.windows_host_process {
         go_flags::warn_ignored("--windows-host-process=true", "the agent serves Linux nodes only");

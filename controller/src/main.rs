@@ -23,12 +23,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use ebs_csi_proto::endpoint;
 use ebs_csi_proto::modify::modify_server::ModifyServer;
 use ebs_csi_proto::v1::controller_server::ControllerServer;
 use ebs_csi_proto::v1::group_controller_server::GroupControllerServer;
 use ebs_csi_proto::v1::identity_server::IdentityServer;
 use ebs_csi_proto::v1::snapshot_metadata_server::SnapshotMetadataServer;
+use ebs_csi_proto::{endpoint, fips};
 
 use crate::ec2::Ec2;
 use crate::ec2::batch::BatchConfig;
@@ -108,6 +108,13 @@ struct Args {
     metrics: MetricsFlags,
     #[command(flatten)]
     tracing: TracingFlags,
+    /// FIPS 140-3 mode (the Go driver's FIPS image; the chart's `fips`):
+    /// the start fails unless AWS-LC's FIPS module, which makes every TLS
+    /// connection here (EC2, EBS, the credential providers, the metrics
+    /// endpoint, the OTLP exporter) with its approved algorithms only, is in
+    /// FIPS mode; `--version` and the log say it is.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", require_equals = true, action = clap::ArgAction::Set)]
+    fips: bool,
     /// Serve every EC2 call's series also under the Kubernetes in-tree
     /// cloud provider's names, `cloudprovider_aws_api_*` (the Go driver's
     /// deprecated flag; `--deprecated-metrics` or `=true`).
@@ -147,6 +154,9 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse_from(go_flags::as_the_go_driver_reads(std::env::args_os(), "controller"));
+    if args.fips {
+        fips::enable().context("--fips")?;
+    }
     args.version.answer_if_asked();
     name_the_driver_in_the_user_agent(args.user_agent_extra.as_deref());
     tokio::runtime::Builder::new_multi_thread()
@@ -193,6 +203,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let spans = SpanExport::start(&args.tracing).context("--enable-otel-tracing")?;
     ebs_csi_proto::endpoint::init_logging(args.logging_format, args.v, sdk_debug, spans.as_ref());
+    fips::log_mode();
     let served = serve(args).await;
     if let Some(spans) = spans {
         spans.flush_at_exit().await;

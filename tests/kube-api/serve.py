@@ -4,13 +4,15 @@ of it with a JSON Patch (removing the startup taint), and `GET
 /apis/storage.k8s.io/v1/volumeattachments` (the pre-stop step).
 
 Usage: serve.py DIR [--taints JSON] [--unschedulable] [--conflicts N]
-[--volume-attachments JSON]. Writes DIR/ca.crt (a
+[--volume-attachments JSON] [--ciphers SPEC]. Writes DIR/ca.crt (a
 fresh CA that signed the server's certificate for IP 127.0.0.1), DIR/token
 (the only bearer token accepted) and DIR/client.crt and DIR/client.key (a
 client certificate of that CA for the node's user, `system:node:<name>` in
 `system:nodes`, accepted instead of the token), prints the port on one line,
 then logs one line per request to DIR/requests.log and writes the Node as
-it is after each change to DIR/node.json. --taints gives the Node's
+it is after each change to DIR/node.json. --ciphers serves TLS 1.2 only,
+with the OpenSSL cipher suites SPEC names (a FIPS-mode client's refusal
+of ChaCha20-Poly1305 is tested so). --taints gives the Node's
 `spec.taints`, --unschedulable sets `spec.unschedulable` (as `kubectl
 drain` does); --conflicts N makes another writer (kubelet updating the
 Node's status) change the Node between the agent's read and its next N
@@ -32,7 +34,9 @@ the messages are apiserver's, e.g. `nodes "x" not found`):
   `replace`, `add` and `remove` operations): the patched Node, its
   `metadata.resourceVersion` one higher; a patch that cannot be applied (a
   `test` that fails) 422 Status, reason Invalid, as kube-apiserver answers
-  it since kubernetes/kubernetes#68346; another content type 415.
+  it since kubernetes/kubernetes#68346; another content type 415;
+- any POST (the tests' TLS endpoint for another client: the AWS SDK's
+  requests reach it too): 404 Status, reason NotFound, logged.
 """
 
 import argparse
@@ -216,6 +220,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.changed(patched)
         self.answer(200, NODE)
 
+    def do_POST(self):
+        with open(self.log_path, "a") as log:
+            log.write(f"POST {self.path}\n")
+        self.answer(*status(404, "NotFound", "the server could not find the requested resource"))
+
     def changed(self, node):
         """Stores `node` as the Node's next version."""
         global NODE
@@ -260,6 +269,7 @@ def main():
     parser.add_argument("--unschedulable", action="store_true")
     parser.add_argument("--conflicts", type=int, default=0)
     parser.add_argument("--volume-attachments", type=json.loads, default=[])
+    parser.add_argument("--ciphers")
     args = parser.parse_args()
     directory = args.directory
     if args.taints is not None:
@@ -279,6 +289,9 @@ def main():
     context.load_cert_chain(pem)
     context.load_verify_locations(directory / "ca.crt")
     context.verify_mode = ssl.CERT_OPTIONAL
+    if args.ciphers:
+        context.maximum_version = ssl.TLSVersion.TLSv1_2
+        context.set_ciphers(args.ciphers)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     print(server.server_address[1], flush=True)
     server.serve_forever()

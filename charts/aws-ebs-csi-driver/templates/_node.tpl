@@ -152,6 +152,9 @@ spec:
             {{- if $n.otelTracing }}
             - --enable-otel-tracing=true
             {{- end }}
+            {{- if $root.Values.fips }}
+            - --fips=true
+            {{- end }}
             {{- range $n.additionalArgs }}
             - {{ . }}
             {{- end }}

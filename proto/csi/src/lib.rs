@@ -10,6 +10,7 @@
 pub mod authority;
 pub mod connection;
 pub mod endpoint;
+pub mod fips;
 pub mod format_context;
 pub mod go_flags;
 pub mod inflight;

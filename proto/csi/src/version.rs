@@ -25,6 +25,10 @@ pub struct VersionInfo {
     /// Go's `GOOS/GOARCH` names for this build, e.g. `linux/amd64`,
     /// `linux/arm64`.
     pub platform: String,
+    /// `true` in FIPS mode (`--fips` before `--version`,
+    /// [`crate::fips`]); absent otherwise, as from the Go driver.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub fips: bool,
 }
 
 impl VersionInfo {
@@ -43,6 +47,7 @@ impl VersionInfo {
             go_version: String::new(),
             compiler: "rustc".to_owned(),
             platform: format!("{}/{arch}", std::env::consts::OS),
+            fips: crate::fips::is_enabled(),
         }
     }
 
@@ -85,10 +90,16 @@ mod tests {
             go_version: String::new(),
             compiler: "rustc".to_owned(),
             platform: "linux/amd64".to_owned(),
+            fips: false,
         };
         assert_eq!(
             info.json(),
             "{\n  \"driverVersion\": \"v1.2.3\",\n  \"gitCommit\": \"abc\",\n  \"buildDate\": \"2026-11-28T10:00:00Z\",\n  \"goVersion\": \"\",\n  \"compiler\": \"rustc\",\n  \"platform\": \"linux/amd64\"\n}"
+        );
+        let fips = VersionInfo { fips: true, ..info };
+        assert!(
+            fips.json()
+                .ends_with("\"platform\": \"linux/amd64\",\n  \"fips\": true\n}")
         );
         let platform = VersionInfo::of_this_build().platform;
         assert!(
