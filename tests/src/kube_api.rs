@@ -4,12 +4,27 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
-use crate::{repository, venv_program};
+use crate::{binary, repository, venv_program};
 
 /// The node `tests/kube-api/node.json` describes.
 pub const NODE_NAME: &str = "ip-10-0-1-23.eu-west-1.compute.internal";
+
+/// Runs `ebs-csi-agent ARGS --metadata-sources kubernetes --kubeconfig
+/// CONFIG metadata` for serve.py's node, with no in-cluster variable set.
+pub fn agent_metadata(args: &[&str], config: &Path) -> Output {
+    Command::new(binary("ebs-csi-agent"))
+        .args(args)
+        .args(["--metadata-sources", "kubernetes", "--kubeconfig"])
+        .arg(config)
+        .arg("metadata")
+        .env("CSI_NODE_NAME", NODE_NAME)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .output()
+        .unwrap()
+}
 
 /// `tests/kube-api/serve.py` on 127.0.0.1: its CA bundle and token in
 /// `dir`, killed on drop.

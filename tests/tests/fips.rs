@@ -18,7 +18,7 @@ use std::process::{Command, Output};
 
 use ebs_csi_proto::v1::CreateVolumeRequest;
 use ebs_csi_tests::guest::mount_capability;
-use ebs_csi_tests::kube_api::{KubeApi, NODE_NAME};
+use ebs_csi_tests::kube_api::{self, KubeApi};
 use ebs_csi_tests::{Sandbox, binary, spawn};
 
 /// A TLS 1.2 suite outside FIPS 140-3 (serve.py's key is ECDSA P-256).
@@ -61,8 +61,8 @@ fn the_version_and_the_start_say_that_fips_mode_is_on() {
     );
 }
 
-/// `ebs-csi-agent [--fips] --metadata-sources kubernetes --kubeconfig …
-/// metadata` against `api`, with its token and CA.
+/// `ebs-csi-agent [--fips] … metadata` against `api`, with its token and
+/// CA in a kubeconfig.
 fn agent_metadata(api: &KubeApi, fips: bool) -> Output {
     let dir = api.service_account_dir();
     let config = dir.join("kubeconfig");
@@ -76,19 +76,7 @@ fn agent_metadata(api: &KubeApi, fips: bool) -> Output {
         ),
     )
     .unwrap();
-    let mut command = Command::new(binary("ebs-csi-agent"));
-    if fips {
-        command.arg("--fips");
-    }
-    command
-        .args(["--metadata-sources", "kubernetes", "--kubeconfig"])
-        .arg(&config)
-        .arg("metadata")
-        .env("CSI_NODE_NAME", NODE_NAME)
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBERNETES_SERVICE_PORT")
-        .output()
-        .unwrap()
+    kube_api::agent_metadata(if fips { &["--fips"] } else { &[] }, &config)
 }
 
 #[test]

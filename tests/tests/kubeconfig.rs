@@ -18,26 +18,16 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use ebs_csi_tests::binary;
-use ebs_csi_tests::kube_api::{KubeApi, NODE_NAME};
+use ebs_csi_tests::kube_api::{KubeApi, NODE_NAME, agent_metadata};
 
 /// What `ebs-csi-agent metadata` prints of serve.py's Node (m5.xlarge:
 /// 27 attachments, the root volume's reserved).
 const NODE_SUMMARY: &str =
     "instance id\ti-0fedcba9876543210\navailability zone\teu-west-1b\ninstance type\tm5.xlarge\nmax volumes\t26\n";
 
-/// Runs `ebs-csi-agent --metadata-sources kubernetes --kubeconfig CONFIG
-/// metadata` for serve.py's node, with no in-cluster variable.
+/// [`agent_metadata`] with no other flag.
 fn metadata_with(config: &Path) -> Output {
-    Command::new(binary("ebs-csi-agent"))
-        .args(["--metadata-sources", "kubernetes", "--kubeconfig"])
-        .arg(config)
-        .arg("metadata")
-        .env("CSI_NODE_NAME", NODE_NAME)
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBERNETES_SERVICE_PORT")
-        .output()
-        .unwrap()
+    agent_metadata(&[], config)
 }
 
 /// A kubeconfig of one context, `test`, with `cluster` and `user` (YAML
