@@ -334,7 +334,7 @@ previous-helper:
 ## another Cargo.lock or another release profile the dependencies are built
 ## twice, the AWS SDK for EC2 too (a new machine's make test took 12 minutes
 ## more, docs/testing.md).
-PREVIOUS_PACKAGE_COMMIT := 3d67b660149eff456443ea58a437469e4fe5dbea
+PREVIOUS_PACKAGE_COMMIT := 4d50260245598a648ff9dc2ce9bdbe9afb5e7b00
 PREVIOUS_PACKAGE_DIR := $(abspath $(TARGET_DIR))/previous-package/$(PREVIOUS_PACKAGE_COMMIT)
 previous-package: package-tools
 	+@if ! ls $(PREVIOUS_PACKAGE_DIR)/ebs-csi-node_*.deb >/dev/null 2>&1; then \

@@ -10,7 +10,8 @@ use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
 use aws_smithy_http_client::{Builder, ConnectorBuilder};
 use aws_smithy_runtime_api::client::http::SharedHttpClient;
 
-/// An HTTPS (and HTTP, for a local endpoint) client on rustls with aws-lc,
+/// An HTTPS (and HTTP, for a local endpoint) client on rustls with aws-lc
+/// (AWS-LC's FIPS module: the workspace builds rustls with `fips`),
 /// taking the SDK's connect and read timeouts and its sleep, through the
 /// proxy `HTTPS_PROXY`/`HTTP_PROXY` name unless `NO_PROXY` excludes the
 /// host: what the SDK's default client does from behavior version
