@@ -1416,9 +1416,9 @@ async fn a_throttled_mutating_call_gets_the_go_drivers_attempts() {
 /// The controller's EC2 calls go through the proxy `HTTP_PROXY` and
 /// `HTTPS_PROXY` name, as the Go driver's do (its chart's
 /// `proxy.http_proxy`), but for the hosts `NO_PROXY` lists (`proxy.no_proxy`):
-/// a real forwarding proxy, proxy.py, logs each call it forwards. The SDK's
-/// default client reads them (aws-smithy-runtime, behavior version
-/// 2025-08-07 and later).
+/// a real forwarding proxy, proxy.py, logs each call it forwards. The
+/// controller's HTTP client reads them (controller/src/https.rs), as the
+/// SDK's default client does from behavior version 2025-08-07 on.
 #[tokio::test(flavor = "multi_thread")]
 async fn ec2_calls_go_through_the_proxy_the_environment_names() {
     let proxy = HttpProxy::start();

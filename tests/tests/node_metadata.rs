@@ -17,6 +17,7 @@ use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 
 use ebs_csi_proto::v1::{NodeGetInfoRequest, NodeGetInfoResponse};
+use ebs_csi_tests::http_proxy::HttpProxy;
 use ebs_csi_tests::kube_api::{KubeApi, NODE_NAME};
 use ebs_csi_tests::{Agent, Helper, Sandbox, binary, require_root, wait_until};
 
@@ -146,6 +147,40 @@ async fn node_info_comes_from_imds_when_flags_are_absent() {
         log.iter().any(|l| l.starts_with("PUT /latest/api/token")),
         "IMDSv2 session token used: {log:?}"
     );
+}
+
+/// The agent asks IMDS directly, even where `HTTP_PROXY` and `HTTPS_PROXY`
+/// name a proxy and `NO_PROXY` does not list IMDS's address: only the
+/// instance's own link-local address answers for the instance
+/// (agent/src/metadata/imds.rs). proxy.py, a real forwarding proxy, logs
+/// each request it forwards.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
+async fn imds_is_asked_directly_never_through_a_proxy() {
+    require_root();
+    let imds = start_imds_stub();
+    let proxy = HttpProxy::start();
+    let url = proxy.url.as_str();
+    let sandbox = Sandbox::new();
+    let helper = Helper::start(&sandbox, &[]);
+    let env = [
+        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds.address.as_str()),
+        ("HTTP_PROXY", url),
+        ("HTTPS_PROXY", url),
+        ("NO_PROXY", ""),
+    ];
+    let agent = Agent::spawn(&sandbox, &helper, &[], &env);
+    assert_eq!(node_info(&agent).await.node_id, "i-0fedcba9876543210");
+    assert!(
+        imds.log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.starts_with("PUT /latest/api/token")),
+        "the stub was asked"
+    );
+    let host = imds.address.trim_start_matches("http://");
+    assert!(!proxy.log().contains(host), "{}", proxy.log());
 }
 
 #[tokio::test(flavor = "multi_thread")]
