@@ -85,7 +85,7 @@ TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
-.PHONY: all build test test-steps test-downloads test-build test-run test-background test-cold test-deps test-build-deps \
+.PHONY: all build test test-steps test-downloads test-build test-build-tests test-run test-background test-cold test-deps test-build-deps \
 	build-copy-test repro-static package-tools docs-tools prebuilt-tools go-tools kube-tools image-build coverage-build fuzz-build vm-images demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
 	install install-files static image image-deps kustomize validate-deploy vm vm-deps repro-check docs \
 	deb rpm packages package-deps
@@ -239,8 +239,9 @@ test: test-build-deps
 # jobserver of three slots (the recipes that run cargo are marked +): the
 # downloads (most of the Debian packages, the VM images, Python's
 # packages, the Go builds) hold one, cargo installs the package tools
-# beside the debug build, then builds the previous package, and the static
-# build takes the first slot that ends; never more than three AWS SDKs in
+# beside the debug build, then builds the previous package, the static
+# build takes the first slot that ends (the debug build's, before its
+# tests' build), and the tests' build the next; never more than three AWS SDKs in
 # memory (each build with jobs of its own, six compilers, made every
 # compile 1.5 times slower in all). The CPU is what bounds the phase: with
 # four slots, all three from the start, it took 3 minutes longer on a new
@@ -249,7 +250,7 @@ test: test-build-deps
 # by side (cargo-nextest, see test-run); the checks two at a time, each
 # one's output printed whole when it ends.
 test-steps:
-	+@$(call phase,the downloads and the builds the tests need,-j3 test-downloads package-tools test-build previous-package static image-build)
+	+@$(call phase,the downloads and the builds the tests need,-j3 test-downloads package-tools test-build previous-package static test-build-tests image-build)
 	+@$(call phase,the VMs' disks,vm)
 	+@$(call phase,the tests (and the checks' builds under them),-j2 test-run test-background)
 	+@$(call phase,the checks,-j2 --output-sync=target bench-smoke fuzz-smoke validate-deploy instance-types \
@@ -266,9 +267,14 @@ endef
 test-downloads:
 	$(MAKE) --no-print-directory -j1 test-deps vm-images moto prebuilt-tools go-tools kube-tools
 
-# The debug build of the workspace and of its tests, and the previous helper.
+# The debug build of the workspace; then the static build takes its slot,
+# and the build of its tests and the previous helper the next that ends
+# (test-build-tests): they were 5 minutes of the static build's wait on a
+# new machine (docs/testing.md).
 test-build:
 	+$(CARGO) build --workspace --bins
+
+test-build-tests:
 	+$(CARGO) test --workspace --no-run
 	+$(MAKE) --no-print-directory previous-helper
 
@@ -329,7 +335,8 @@ previous-helper:
 ## the same Cargo.lock, only the workspace's crates are built twice); once,
 ## cached by commit outside the clone. Move the commit forward when a
 ## change to the packages should be crossed by an upgrade (the test needs it
-## older than this build's: its package version is the commit's time),
+## older than this build's by a second at least: its package version is
+## the commit's time, and the recipe refuses one that is not),
 ## and with every Cargo.lock change, to the commit that makes it: with
 ## another Cargo.lock or another release profile the dependencies are built
 ## twice, the AWS SDK for EC2 too (a new machine's make test took 12 minutes
@@ -337,6 +344,9 @@ previous-helper:
 PREVIOUS_PACKAGE_COMMIT := 4d50260245598a648ff9dc2ce9bdbe9afb5e7b00
 PREVIOUS_PACKAGE_DIR := $(abspath $(TARGET_DIR))/previous-package/$(PREVIOUS_PACKAGE_COMMIT)
 previous-package: package-tools
+	@test "$$(git log -1 --format=%ct $(PREVIOUS_PACKAGE_COMMIT))" -lt "$$(git log -1 --format=%ct HEAD)" || { \
+	  echo "make previous-package: $(PREVIOUS_PACKAGE_COMMIT) was committed in the same second as HEAD or later;" \
+	  "the packages' versions are their commits' times, so the upgrade from it would not be one: commit HEAD again" >&2; exit 1; }
 	+@if ! ls $(PREVIOUS_PACKAGE_DIR)/ebs-csi-node_*.deb >/dev/null 2>&1; then \
 	  deploy/build-copy.sh $(REPRO_TARGET_DIR) $(PREVIOUS_PACKAGE_COMMIT) static deb && \
 	  install -D -m 0644 -t $(PREVIOUS_PACKAGE_DIR) $(REPRO_TARGET_DIR)-tree/target/packages/ebs-csi-node_*.deb; \
