@@ -104,6 +104,15 @@ fn kubelet_restarted_keeps_a_mounted_volume(ns: &Namespace<'_>, driver: &Driver)
     let taken_down = takedowns(cluster, &volume);
 
     cluster.restart_kubelet();
+    // kubelet learns its pods from the API server once it runs again, and
+    // serves an exec only for a pod it has: the node's Ready condition,
+    // which cluster.sh waits for, can still be the old kubelet's. Its own
+    // list (/pods, through the API server's node proxy) says when.
+    let pods = format!("/api/v1/nodes/{NODE_NAME}/proxy/pods");
+    let listed = format!(r#""namespace":"{}""#, ns.name());
+    poll_until("kubelet to list the pod again", Duration::from_secs(60), || {
+        cluster.kubectl(&["get", "--raw", &pods]).contains(&listed)
+    });
     // kubelet reconstructs its volumes from what it finds mounted and its
     // records, and syncs its pods every 10 s (syncFrequency): through one
     // and a bit, the volume stays mounted, the pod reads its data, and the
