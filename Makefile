@@ -86,7 +86,7 @@ DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
 .PHONY: all build test test-steps test-downloads test-build test-build-tests test-run test-background test-cold test-deps test-build-deps \
-	build-copy-test repro-static package-tools docs-tools prebuilt-tools go-tools kube-tools image-build coverage-build fuzz-build vm-images demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
+	build-copy-test repro-static static-tools sbom-tools docs-tools prebuilt-tools go-tools kube-tools image-build coverage-build fuzz-build vm-images demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
 	install install-files static image image-deps kustomize validate-deploy vm vm-deps repro-check docs \
 	deb rpm packages package-deps
 
@@ -113,8 +113,12 @@ $(PREBUILT_TOOLS)/bin:
 	mv $(PREBUILT_TOOLS).part $(PREBUILT_TOOLS)
 
 # The tools no registry here ships built: cargo builds them from
-# crates.io, each pinned. package-tools are those of make static, sbom and
-# deb, docs-tools those of make docs.
+# crates.io, each pinned: static-tools those of make static (so also of
+# make previous-package, whose build is a static one), sbom-tools those of
+# make sbom (and deb, which carries the SBOMs), docs-tools those of make
+# docs. make static waits only for cargo-auditable: with the SBOM's tools
+# in the same goal, on a new machine the previous package's build started
+# 11 minutes in instead of 1 (docs/testing.md).
 CARGO_AUDITABLE := cargo-auditable@0.7.7
 CARGO_CYCLONEDX := cargo-cyclonedx@0.5.9
 RUST_AUDIT_INFO := rust-audit-info@0.5.4
@@ -125,8 +129,10 @@ define cargo_install
 	@command -v $(1) >/dev/null || $(CARGO) install --quiet --locked $(2)
 endef
 
-package-tools:
+static-tools:
 	$(call cargo_install,cargo-auditable,$(CARGO_AUDITABLE))
+
+sbom-tools:
 	$(call cargo_install,cargo-cyclonedx,$(CARGO_CYCLONEDX))
 	$(call cargo_install,rust-audit-info,$(RUST_AUDIT_INFO))
 
@@ -238,10 +244,11 @@ test: test-build-deps
 # the static build, the previous package's) run side by side, on make's
 # jobserver of three slots (the recipes that run cargo are marked +): the
 # downloads (most of the Debian packages, the VM images, Python's
-# packages, the Go builds) hold one, cargo installs the package tools
-# beside the debug build, then builds the previous package, the static
-# build takes the first slot that ends (the debug build's, before its
-# tests' build), and the tests' build the next; never more than three AWS SDKs in
+# packages, the Go builds) hold one, cargo installs cargo-auditable
+# beside the debug build (a minute), then builds the previous package (its
+# make installs the SBOM's tools before its packages), the static build
+# takes the first slot that ends (the debug build's, before its tests'
+# build), and the tests' build the next; never more than three AWS SDKs in
 # memory (each build with jobs of its own, six compilers, made every
 # compile 1.5 times slower in all). The CPU is what bounds the phase: with
 # four slots, all three from the start, it took 3 minutes longer on a new
@@ -250,7 +257,7 @@ test: test-build-deps
 # by side (cargo-nextest, see test-run); the checks two at a time, each
 # one's output printed whole when it ends.
 test-steps:
-	+@$(call phase,the downloads and the builds the tests need,-j3 test-downloads package-tools test-build previous-package static test-build-tests image-build)
+	+@$(call phase,the downloads and the builds the tests need,-j3 test-downloads static-tools test-build previous-package static test-build-tests image-build)
 	+@$(call phase,the VMs' disks,vm)
 	+@$(call phase,the tests (and the checks' builds under them),-j2 test-run test-background)
 	+@$(call phase,the checks,-j2 --output-sync=target bench-smoke fuzz-smoke validate-deploy instance-types \
@@ -295,7 +302,7 @@ test-run: prebuilt-tools
 # another under the tests, which keep the CPU and the disk when they want
 # them.
 test-background:
-	nice -n 19 ionice -c 3 $(MAKE) --no-print-directory repro-static docs-tools coverage-build fuzz-build
+	nice -n 19 ionice -c 3 $(MAKE) --no-print-directory repro-static sbom-tools docs-tools coverage-build fuzz-build
 
 ## test-cold: make test as CI runs it on a new machine, every cache the
 ## project keeps empty (tests/test-cold.sh), in COLD_DIR; check a change
@@ -343,7 +350,7 @@ previous-helper:
 ## more, docs/testing.md).
 PREVIOUS_PACKAGE_COMMIT := 4d50260245598a648ff9dc2ce9bdbe9afb5e7b00
 PREVIOUS_PACKAGE_DIR := $(abspath $(TARGET_DIR))/previous-package/$(PREVIOUS_PACKAGE_COMMIT)
-previous-package: package-tools
+previous-package: static-tools
 	@test "$$(git log -1 --format=%ct $(PREVIOUS_PACKAGE_COMMIT))" -lt "$$(git log -1 --format=%ct HEAD)" || { \
 	  echo "make previous-package: $(PREVIOUS_PACKAGE_COMMIT) was committed in the same second as HEAD or later;" \
 	  "the packages' versions are their commits' times, so the upgrade from it would not be one: commit HEAD again" >&2; exit 1; }
@@ -431,7 +438,7 @@ budget:
 ## sbom: a CycloneDX SBOM of each shipped binary beside the images
 ## (deploy/sbom.py: reproducible, checked for what each binary must and
 ## must not be built from).
-sbom: static package-tools
+sbom: static sbom-tools
 	python3 deploy/sbom.py $(IMAGE_DIR) $(STATIC_DIR)
 
 ## deny: cargo-deny's offline checks (licenses, bans, sources) against
@@ -471,10 +478,10 @@ instance-types: moto
 ## by deploy/build-copy.sh, else from git), not the commit's, so that a
 ## commit that changes no dependency rebuilds none.
 ifndef STATIC_IN_PLACE
-static: deps package-tools
+static: deps static-tools
 	+deploy/build-copy.sh $(STATIC_COPY_DIR) worktree static
 else
-static: package-tools
+static: static-tools
 	+unset EBS_CSI_VM_DIR EBS_CSI_PREVIOUS_HELPER; SOURCE_DATE_EPOCH=$${LOCK_DATE_EPOCH:-$$(git log -1 --format=%ct -- Cargo.lock)} \
 	RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$(CURDIR)=/ebs-csi --remap-path-prefix=$(abspath $(TARGET_DIR))=/target" \
 	  $(CARGO) auditable build --release --target $(STATIC_TARGET) \
