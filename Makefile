@@ -85,7 +85,7 @@ TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
-.PHONY: all build test test-steps test-downloads test-build test-build-tests test-run test-background test-cold test-deps test-build-deps \
+.PHONY: all build test test-steps test-downloads test-build test-build-previous test-build-tests test-run test-background test-cold test-deps test-build-deps \
 	build-copy-test repro-static static-tools sbom-tools docs-tools prebuilt-tools go-tools kube-tools image-build coverage-build fuzz-build vm-images demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
 	install install-files static image image-deps kustomize validate-deploy vm vm-deps repro-check docs \
 	deb rpm packages package-deps
@@ -242,22 +242,25 @@ test: test-build-deps
 # build spends much of its time in one crate's single-threaded compile (the
 # AWS SDK for EC2), so the three builds the tests need (the debug build,
 # the static build, the previous package's) run side by side, on make's
-# jobserver of three slots (the recipes that run cargo are marked +): the
-# downloads (most of the Debian packages, the VM images, Python's
-# packages, the Go builds) hold one, cargo installs cargo-auditable
-# beside the debug build (a minute), then builds the previous package (its
-# make installs the SBOM's tools before its packages), the static build
-# takes the first slot that ends (the debug build's, before its tests'
-# build), and the tests' build the next; never more than three AWS SDKs in
-# memory (each build with jobs of its own, six compilers, made every
-# compile 1.5 times slower in all). The CPU is what bounds the phase: with
-# four slots, all three from the start, it took 3 minutes longer on a new
-# machine (docs/testing.md). The builds only the later checks need go
-# under the tests, at the lowest CPU and I/O priority. The tests run side
-# by side (cargo-nextest, see test-run); the checks two at a time, each
-# one's output printed whole when it ends.
+# jobserver of three slots (the recipes that run cargo are marked +), as
+# three chains, each one recipe in one slot, so that each next step has
+# its slot at once (a slot given back to the jobserver goes to whichever
+# of make and the running cargo builds reads it first: on a new machine at
+# 3bf6da1 the tests' build took one ahead of the previous package's and
+# the static build, then waited for the debug build's lock): the downloads
+# (most of the Debian packages, the VM images, Python's packages, the Go
+# builds), then the debug build's tests; cargo-auditable (a minute), then
+# the previous package (its make installs the SBOM's tools before its
+# packages); the debug build, then the static build and the images. Never
+# more than three AWS SDKs in memory (each build with jobs of its own, six
+# compilers, made every compile 1.5 times slower in all). The CPU is what
+# bounds the phase: with four slots, all three from the start, it took 3
+# minutes longer on a new machine (docs/testing.md). The builds only the
+# later checks need go under the tests, at the lowest CPU and I/O
+# priority. The tests run side by side (cargo-nextest, see test-run); the
+# checks two at a time, each one's output printed whole when it ends.
 test-steps:
-	+@$(call phase,the downloads and the builds the tests need,-j3 test-downloads static-tools test-build previous-package static test-build-tests image-build)
+	+@$(call phase,the downloads and the builds the tests need,-j3 test-downloads test-build-previous test-build)
 	+@$(call phase,the VMs' disks,vm)
 	+@$(call phase,the tests (and the checks' builds under them),-j2 test-run test-background)
 	+@$(call phase,the checks,-j2 --output-sync=target bench-smoke fuzz-smoke validate-deploy instance-types \
@@ -270,16 +273,22 @@ define phase
 	echo "make test: $(1): $$(( $$(date +%s) - start )) s"
 endef
 
-# What the tests download, one after another in one of make's slots.
+# What the tests download, one after another, then the build of the
+# debug build's tests and the previous helper (test-build-tests), in one
+# of make's slots.
 test-downloads:
 	$(MAKE) --no-print-directory -j1 test-deps vm-images moto prebuilt-tools go-tools kube-tools
+	+$(MAKE) --no-print-directory test-build-tests
 
-# The debug build of the workspace; then the static build takes its slot,
-# and the build of its tests and the previous helper the next that ends
-# (test-build-tests): they were 5 minutes of the static build's wait on a
-# new machine (docs/testing.md).
+# The previous package, in one of make's slots.
+test-build-previous:
+	+$(MAKE) --no-print-directory previous-package
+
+# The debug build of the workspace, then the static build and the images,
+# in one of make's slots.
 test-build:
 	+$(CARGO) build --workspace --bins
+	+$(MAKE) --no-print-directory static image-build
 
 test-build-tests:
 	+$(CARGO) test --workspace --no-run
