@@ -116,7 +116,7 @@ struct Args {
     metrics: MetricsFlags,
     #[command(flatten)]
     tracing: TracingFlags,
-    /// FIPS 140-3 mode (the Go driver's FIPS image; the chart's `fips`):
+    /// FIPS 140-3 mode (the Go driver's FIPS mode, its chart's `fips`):
     /// the start fails unless AWS-LC's FIPS module, which makes every TLS
     /// connection here (the Kubernetes API, the metrics endpoint, the OTLP
     /// exporter; instance metadata is plain HTTP on the instance) with its

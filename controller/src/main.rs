@@ -62,10 +62,14 @@ struct Args {
     /// AWS region (default: AWS_REGION, the profile, or IMDS).
     #[arg(long)]
     region: Option<String>,
-    /// Tags added to every volume and snapshot: key=value,key2=value2
-    /// (also as the Go driver's deprecated `--extra-volume-tags`).
-    #[arg(long, default_value = "", alias = "extra-volume-tags")]
+    /// Tags added to every volume and snapshot: key=value,key2=value2.
+    #[arg(long, default_value = "")]
     extra_tags: String,
+    /// The Go driver's deprecated `--extra-volume-tags`, which its
+    /// controller parses and tags nothing with (`pkg/driver/options.go`,
+    /// v1.64): accepted and ignored with a warning (--extra-tags tags).
+    #[arg(long)]
+    extra_volume_tags: Option<String>,
     /// Leave an invalid tag out with a warning naming it, where the request
     /// (or the start, for --extra-tags) would be refused: a tagSpecification
     /// whose template fails or whose key is reserved, such an --extra-tags
@@ -108,7 +112,7 @@ struct Args {
     metrics: MetricsFlags,
     #[command(flatten)]
     tracing: TracingFlags,
-    /// FIPS 140-3 mode (the Go driver's FIPS image; the chart's `fips`):
+    /// FIPS 140-3 mode (the Go driver's FIPS mode, its chart's `fips`):
     /// the start fails unless AWS-LC's FIPS module, which makes every TLS
     /// connection here (EC2, EBS, the credential providers, the metrics
     /// endpoint, the OTLP exporter) with its approved algorithms only, is in
@@ -218,6 +222,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         go_flags::warn_ignored(
             &format!("--metadata-sources={sources}"),
             "the region is --region's, else AWS_REGION's, the profile's or IMDS's",
+        );
+    }
+    if let Some(tags) = &args.extra_volume_tags {
+        go_flags::warn_ignored(
+            &format!("--extra-volume-tags={tags}"),
+            "deprecated, and the Go driver tags nothing with it either: --extra-tags tags volumes and snapshots",
         );
     }
     if let Some(kubeconfig) = &args.kubeconfig {

@@ -547,16 +547,19 @@ async fn the_volume_modifiers_annotations_modify_the_volume() {
 }
 
 /// Flags and a class key of the Go driver's, as a cluster that switches
-/// keeps them: the deprecated `--extra-volume-tags` tags volumes as
-/// `--extra-tags` does, `--user-agent-extra` is in every EC2 call's
+/// keeps them: the deprecated `--extra-volume-tags`, beside `--extra-tags`,
+/// starts the controller and tags nothing, as in the Go driver (v1.64 parses
+/// it and never uses it), `--user-agent-extra` is in every EC2 call's
 /// User-Agent as the Go driver puts it (`exec-env/aws-ebs-csi-driver-<version>-<extra>`,
 /// an extra with a space and a character beyond ASCII taken), and a VolumeAttributesClass's
 /// `iopsPerGB` sets the IOPS for the volume's size and is recorded on it.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_go_drivers_extra_volume_tags_user_agent_and_class_iops_per_gb() {
     let world = setup(&[
+        "--extra-tags",
+        "team=platform",
         "--extra-volume-tags",
-        "team=legacy",
+        "team=legacy,legacy=true",
         "--user-agent-extra",
         "helm chart é",
     ])
@@ -580,7 +583,16 @@ async fn the_go_drivers_extra_volume_tags_user_agent_and_class_iops_per_gb() {
     };
     client.controller_modify_volume(modify).await.unwrap();
     let xml = moto.volume_once(REGION, &volume.volume_id, |xml| xml.contains("<iops>4000</iops>"));
-    assert_tags(&xml, &[("team", "legacy"), ("ebs.csi.aws.com/IOPSPerGb", "100")]);
+    assert_tags(&xml, &[("team", "platform"), ("ebs.csi.aws.com/IOPSPerGb", "100")]);
+    assert!(!xml.contains("<key>legacy</key>"), "{xml}");
+    assert!(
+        world
+            .controller
+            .process
+            .log()
+            .contains("--extra-volume-tags=team=legacy,legacy=true"),
+        "the flag is named in a warning"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

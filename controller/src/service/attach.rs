@@ -196,7 +196,7 @@ impl<E: Ec2> ControllerService<E> {
         }
         wait::until(
             &format!("volume {volume_id} to detach from {node_id}"),
-            self.settings.state_timeout,
+            self.settings.detach_timeout,
             self.cadence(),
             || async {
                 let volume = self.describe.volumes.get(volume_id).await?;

@@ -61,8 +61,14 @@ pub struct Settings {
     /// How long an attachment may stay `attaching` before it is undone
     /// (the Go driver uses 90 s).
     pub attach_timeout: Duration,
-    /// How long detach and modification waits last.
+    /// How long modification and snapshot waits last.
     pub state_timeout: Duration,
+    /// How long ControllerUnpublishVolume waits for the detachment: the Go
+    /// driver's wait, 13 polls backing off from 1 s by 1.8 times
+    /// (`pkg/cloud/cloud.go`, `volumeAttachmentStatePoll*`), 2,602 s. The
+    /// CO's own deadline for the call (the external-attacher's `--timeout`)
+    /// ends it sooner, and the CO calls again.
+    pub detach_timeout: Duration,
     /// Where detachments being waited for are reported.
     pub detach_pending: DetachPending,
 }
@@ -78,6 +84,7 @@ impl Default for Settings {
             create_timeout: Duration::from_secs(300),
             attach_timeout: Duration::from_secs(90),
             state_timeout: Duration::from_secs(300),
+            detach_timeout: Duration::from_secs(2_602),
             detach_pending: DetachPending::default(),
         }
     }

@@ -42,6 +42,7 @@ fn restarted(model: &Arc<Model>) -> ControllerService<Model> {
         create_timeout: Duration::from_secs(10),
         attach_timeout: Duration::from_secs(2),
         state_timeout: Duration::from_secs(10),
+        detach_timeout: Duration::from_secs(10),
         ..Settings::default()
     };
     ControllerService::new(Arc::clone(model), settings)
@@ -291,9 +292,12 @@ async fn a_volume_still_initializing_is_not_attached_when_its_class_says_so() {
 }
 
 /// `aws_ebs_csi_ec2_detach_pending_seconds_total` carries a detachment
-/// while ControllerUnpublishVolume waits for it, and not after.
+/// while ControllerUnpublishVolume waits for it, and not after; the wait is
+/// the Go driver's, not the other waits' (here 1 s, shorter than this
+/// detachment).
 #[tokio::test]
 async fn a_pending_detachment_is_reported_while_it_is_waited_for() {
+    assert_eq!(Settings::default().detach_timeout, Duration::from_secs(2_602));
     let model = Arc::new(Model::new(Behaviour {
         detach_delay: Duration::from_millis(1500),
         ..Behaviour::default()
@@ -304,6 +308,7 @@ async fn a_pending_detachment_is_reported_while_it_is_waited_for() {
         Arc::clone(&model),
         Settings {
             detach_pending: tracker.clone(),
+            state_timeout: Duration::from_secs(1),
             ..Settings::default()
         },
     ));

@@ -1,4 +1,4 @@
-//! FIPS 140-3 mode (`--fips`; the Go driver's FIPS image, its chart's
+//! FIPS 140-3 mode (`--fips`; the Go driver's FIPS mode, its chart's
 //! `fips`).
 //!
 //! Every TLS client and server of these binaries — the AWS SDK's (EC2,
