@@ -85,7 +85,7 @@ TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
-.PHONY: all build test test-steps test-downloads test-build test-build-previous test-build-tests test-run test-background test-cold test-deps test-build-deps \
+.PHONY: all build test test-steps test-downloads test-build test-build-static test-build-tests test-run test-background test-cold test-deps test-build-deps \
 	build-copy-test repro-static static-tools sbom-tools docs-tools prebuilt-tools go-tools kube-tools image-build coverage-build fuzz-build vm-images demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
 	install install-files static image image-deps kustomize validate-deploy vm vm-deps repro-check docs \
 	deb rpm packages package-deps
@@ -249,18 +249,21 @@ test: test-build-deps
 # 3bf6da1 the tests' build took one ahead of the previous package's and
 # the static build, then waited for the debug build's lock): the downloads
 # (most of the Debian packages, the VM images, Python's packages, the Go
-# builds), then the debug build's tests; cargo-auditable (a minute), then
-# the previous package (its make installs the SBOM's tools before its
-# packages); the debug build, then the static build and the images. Never
-# more than three AWS SDKs in memory (each build with jobs of its own, six
-# compilers, made every compile 1.5 times slower in all). The CPU is what
-# bounds the phase: with four slots, all three from the start, it took 3
-# minutes longer on a new machine (docs/testing.md). The builds only the
-# later checks need go under the tests, at the lowest CPU and I/O
-# priority. The tests run side by side (cargo-nextest, see test-run); the
-# checks two at a time, each one's output printed whole when it ends.
+# builds), then the debug build's tests; the debug build, then the
+# previous package (its make installs the SBOM's tools before its
+# packages); the static build, then the images. Never more than three AWS
+# SDKs in memory (each build with jobs of its own, six compilers, made
+# every compile 1.5 times slower in all). The CPU is what bounds the
+# phase, and the three builds from the start slow it down: with four
+# slots it took 3 minutes longer on a new machine, and with the previous
+# package beside the debug build from the start (f9d6092) the debug build
+# took 16 minutes instead of 11 and the phase 35 instead of 32
+# (docs/testing.md). The builds only the later checks need go under the
+# tests, at the lowest CPU and I/O priority. The tests run side by side
+# (cargo-nextest, see test-run); the checks two at a time, each one's
+# output printed whole when it ends.
 test-steps:
-	+@$(call phase,the downloads and the builds the tests need,-j3 test-downloads test-build-previous test-build)
+	+@$(call phase,the downloads and the builds the tests need,-j3 test-downloads test-build test-build-static)
 	+@$(call phase,the VMs' disks,vm)
 	+@$(call phase,the tests (and the checks' builds under them),-j2 test-run test-background)
 	+@$(call phase,the checks,-j2 --output-sync=target bench-smoke fuzz-smoke validate-deploy instance-types \
@@ -280,14 +283,14 @@ test-downloads:
 	$(MAKE) --no-print-directory -j1 test-deps vm-images moto prebuilt-tools go-tools kube-tools
 	+$(MAKE) --no-print-directory test-build-tests
 
-# The previous package, in one of make's slots.
-test-build-previous:
-	+$(MAKE) --no-print-directory previous-package
-
-# The debug build of the workspace, then the static build and the images,
-# in one of make's slots.
+# The debug build of the workspace, then the previous package, in one of
+# make's slots.
 test-build:
 	+$(CARGO) build --workspace --bins
+	+$(MAKE) --no-print-directory previous-package
+
+# The static build, then the images, in one of make's slots.
+test-build-static:
 	+$(MAKE) --no-print-directory static image-build
 
 test-build-tests:
