@@ -85,8 +85,8 @@ TMPFILESDIR := $(PREFIX)/lib/tmpfiles.d
 DOCDIR := $(PREFIX)/share/doc/ebs-csi
 PROFILE_DIR := $(TARGET_DIR)/$(if $(filter dev,$(PROFILE)),debug,$(PROFILE))
 
-.PHONY: all build test test-steps test-downloads test-build test-build-static test-build-tests test-run test-background test-cold test-deps test-build-deps \
-	build-copy-test repro-static static-tools sbom-tools docs-tools prebuilt-tools go-tools kube-tools image-build coverage-build fuzz-build vm-images demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
+.PHONY: all build test test-steps test-downloads test-build test-build-tests test-run test-background test-cold test-deps test-build-deps \
+	build-copy-test repro-static package-tools docs-tools prebuilt-tools go-tools kube-tools image-build coverage-build fuzz-build vm-images demo bench bench-smoke chaos crash deps moto fuzz fuzz-smoke fuzz-tools lint fmt clean previous-helper previous-package instance-types budget coverage deny sbom \
 	install install-files static image image-deps kustomize validate-deploy vm vm-deps repro-check docs \
 	deb rpm packages package-deps
 
@@ -113,12 +113,8 @@ $(PREBUILT_TOOLS)/bin:
 	mv $(PREBUILT_TOOLS).part $(PREBUILT_TOOLS)
 
 # The tools no registry here ships built: cargo builds them from
-# crates.io, each pinned: static-tools those of make static (so also of
-# make previous-package, whose build is a static one), sbom-tools those of
-# make sbom (and deb, which carries the SBOMs), docs-tools those of make
-# docs. make static waits only for cargo-auditable: with the SBOM's tools
-# in the same goal, on a new machine the previous package's build started
-# 11 minutes in instead of 1 (docs/testing.md).
+# crates.io, each pinned. package-tools are those of make static, sbom and
+# deb, docs-tools those of make docs.
 CARGO_AUDITABLE := cargo-auditable@0.7.7
 CARGO_CYCLONEDX := cargo-cyclonedx@0.5.9
 RUST_AUDIT_INFO := rust-audit-info@0.5.4
@@ -129,10 +125,8 @@ define cargo_install
 	@command -v $(1) >/dev/null || $(CARGO) install --quiet --locked $(2)
 endef
 
-static-tools:
+package-tools:
 	$(call cargo_install,cargo-auditable,$(CARGO_AUDITABLE))
-
-sbom-tools:
 	$(call cargo_install,cargo-cyclonedx,$(CARGO_CYCLONEDX))
 	$(call cargo_install,rust-audit-info,$(RUST_AUDIT_INFO))
 
@@ -242,28 +236,27 @@ test: test-build-deps
 # build spends much of its time in one crate's single-threaded compile (the
 # AWS SDK for EC2), so the three builds the tests need (the debug build,
 # the static build, the previous package's) run side by side, on make's
-# jobserver of three slots (the recipes that run cargo are marked +), as
-# three chains, each one recipe in one slot, so that each next step has
-# its slot at once (a slot given back to the jobserver goes to whichever
-# of make and the running cargo builds reads it first: on a new machine at
-# 3bf6da1 the tests' build took one ahead of the previous package's and
-# the static build, then waited for the debug build's lock): the downloads
-# (most of the Debian packages, the VM images, Python's packages, the Go
-# builds), then the debug build's tests; the debug build, then the
-# previous package (its make installs the SBOM's tools before its
-# packages); the static build, then the images. Never more than three AWS
-# SDKs in memory (each build with jobs of its own, six compilers, made
-# every compile 1.5 times slower in all). The CPU is what bounds the
-# phase, and the three builds from the start slow it down: with four
-# slots it took 3 minutes longer on a new machine, and with the previous
-# package beside the debug build from the start (f9d6092) the debug build
-# took 16 minutes instead of 11 and the phase 35 instead of 32
-# (docs/testing.md). The builds only the later checks need go under the
-# tests, at the lowest CPU and I/O priority. The tests run side by side
-# (cargo-nextest, see test-run); the checks two at a time, each one's
-# output printed whole when it ends.
+# jobserver of three slots (the recipes that run cargo are marked +): the
+# downloads (most of the Debian packages, the VM images, Python's
+# packages, the Go builds) hold one, cargo installs the package tools
+# beside the debug build, then builds the previous package, the static
+# build takes the first slot that ends (the debug build's, before its
+# tests' build), and the tests' build the next; never more than three AWS SDKs in
+# memory (each build with jobs of its own, six compilers, made every
+# compile 1.5 times slower in all). The CPU is what bounds the phase (the
+# whole run keeps both cores 94 % busy), and the order moves it by
+# minutes: with four slots, all three from the start, it took 3 minutes
+# longer on a new machine; with the package tools split so that the
+# previous package started a minute in (f9d6092), or after the debug
+# build with the static build from the start (726638f), 1.3 and 2.5
+# (docs/testing.md). So the package tools stay one goal, whose 11 minutes
+# beside the debug build are what the previous package waits for. The
+# builds only the later checks need go
+# under the tests, at the lowest CPU and I/O priority. The tests run side
+# by side (cargo-nextest, see test-run); the checks two at a time, each
+# one's output printed whole when it ends.
 test-steps:
-	+@$(call phase,the downloads and the builds the tests need,-j3 test-downloads test-build test-build-static)
+	+@$(call phase,the downloads and the builds the tests need,-j3 test-downloads package-tools test-build previous-package static test-build-tests image-build)
 	+@$(call phase,the VMs' disks,vm)
 	+@$(call phase,the tests (and the checks' builds under them),-j2 test-run test-background)
 	+@$(call phase,the checks,-j2 --output-sync=target bench-smoke fuzz-smoke validate-deploy instance-types \
@@ -276,22 +269,16 @@ define phase
 	echo "make test: $(1): $$(( $$(date +%s) - start )) s"
 endef
 
-# What the tests download, one after another, then the build of the
-# debug build's tests and the previous helper (test-build-tests), in one
-# of make's slots.
+# What the tests download, one after another in one of make's slots.
 test-downloads:
 	$(MAKE) --no-print-directory -j1 test-deps vm-images moto prebuilt-tools go-tools kube-tools
-	+$(MAKE) --no-print-directory test-build-tests
 
-# The debug build of the workspace, then the previous package, in one of
-# make's slots.
+# The debug build of the workspace; then the static build takes its slot,
+# and the build of its tests and the previous helper the next that ends
+# (test-build-tests): they were 5 minutes of the static build's wait on a
+# new machine (docs/testing.md).
 test-build:
 	+$(CARGO) build --workspace --bins
-	+$(MAKE) --no-print-directory previous-package
-
-# The static build, then the images, in one of make's slots.
-test-build-static:
-	+$(MAKE) --no-print-directory static image-build
 
 test-build-tests:
 	+$(CARGO) test --workspace --no-run
@@ -314,7 +301,7 @@ test-run: prebuilt-tools
 # another under the tests, which keep the CPU and the disk when they want
 # them.
 test-background:
-	nice -n 19 ionice -c 3 $(MAKE) --no-print-directory repro-static sbom-tools docs-tools coverage-build fuzz-build
+	nice -n 19 ionice -c 3 $(MAKE) --no-print-directory repro-static docs-tools coverage-build fuzz-build
 
 ## test-cold: make test as CI runs it on a new machine, every cache the
 ## project keeps empty (tests/test-cold.sh), in COLD_DIR; check a change
@@ -360,9 +347,9 @@ previous-helper:
 ## another Cargo.lock or another release profile the dependencies are built
 ## twice, the AWS SDK for EC2 too (a new machine's make test took 12 minutes
 ## more, docs/testing.md).
-PREVIOUS_PACKAGE_COMMIT := 3bf6da1ad90d0dabbac4dc928197cdfe37c87fae
+PREVIOUS_PACKAGE_COMMIT := 4d50260245598a648ff9dc2ce9bdbe9afb5e7b00
 PREVIOUS_PACKAGE_DIR := $(abspath $(TARGET_DIR))/previous-package/$(PREVIOUS_PACKAGE_COMMIT)
-previous-package: static-tools
+previous-package: package-tools
 	@test "$$(git log -1 --format=%ct $(PREVIOUS_PACKAGE_COMMIT))" -lt "$$(git log -1 --format=%ct HEAD)" || { \
 	  echo "make previous-package: $(PREVIOUS_PACKAGE_COMMIT) was committed in the same second as HEAD or later;" \
 	  "the packages' versions are their commits' times, so the upgrade from it would not be one: commit HEAD again" >&2; exit 1; }
@@ -450,7 +437,7 @@ budget:
 ## sbom: a CycloneDX SBOM of each shipped binary beside the images
 ## (deploy/sbom.py: reproducible, checked for what each binary must and
 ## must not be built from).
-sbom: static sbom-tools
+sbom: static package-tools
 	python3 deploy/sbom.py $(IMAGE_DIR) $(STATIC_DIR)
 
 ## deny: cargo-deny's offline checks (licenses, bans, sources) against
@@ -490,10 +477,10 @@ instance-types: moto
 ## by deploy/build-copy.sh, else from git), not the commit's, so that a
 ## commit that changes no dependency rebuilds none.
 ifndef STATIC_IN_PLACE
-static: deps static-tools
+static: deps package-tools
 	+deploy/build-copy.sh $(STATIC_COPY_DIR) worktree static
 else
-static: static-tools
+static: package-tools
 	+unset EBS_CSI_VM_DIR EBS_CSI_PREVIOUS_HELPER; SOURCE_DATE_EPOCH=$${LOCK_DATE_EPOCH:-$$(git log -1 --format=%ct -- Cargo.lock)} \
 	RUSTFLAGS="-C target-feature=+crt-static --remap-path-prefix=$(CURDIR)=/ebs-csi --remap-path-prefix=$(abspath $(TARGET_DIR))=/target" \
 	  $(CARGO) auditable build --release --target $(STATIC_TARGET) \
