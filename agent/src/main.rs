@@ -21,6 +21,7 @@ mod taint;
 use ebs_csi_proto::endpoint::LoggingFormat;
 use ebs_csi_proto::fips;
 use ebs_csi_proto::go_flags::{self, GoDriverFlags};
+use ebs_csi_proto::listener::Endpoint;
 use ebs_csi_proto::metrics_http::{self, MetricsFlags};
 use ebs_csi_proto::telemetry::{SpanExport, TracingFlags};
 use ebs_csi_proto::version::VersionFlag;
@@ -45,7 +46,8 @@ use crate::node::NodeService;
 #[derive(Debug, Parser)]
 #[command(disable_version_flag = true)]
 struct Args {
-    /// CSI endpoint to serve.
+    /// CSI endpoint to serve: `unix:///path`, or `tcp://host:port` as the
+    /// Go driver takes it (named in a warning: CSI has no authentication).
     #[arg(long, default_value = "unix:///csi/csi.sock", env = "CSI_ENDPOINT")]
     endpoint: String,
     /// The helper's socket.
@@ -326,7 +328,7 @@ async fn serve(args: Args, node: Node) -> anyhow::Result<()> {
     if let Err(e) = &max_volumes {
         tracing::error!(error = %e, "NodeGetInfo will fail: kubelet does not register the driver on this node");
     }
-    let socket = ebs_csi_proto::endpoint::socket_path(&args.endpoint)?;
+    let endpoint = Endpoint::parse(&args.endpoint)?;
     let api = args.api_source();
     tracing::info!(node_id = %metadata.instance_id, zone = %metadata.availability_zone, instance_type = %metadata.instance_type, max_volumes = max_volumes.as_ref().ok(), "node");
     let helper = Helper::new(args.helper_socket, Duration::from_secs(args.helper_timeout_seconds));
@@ -350,6 +352,6 @@ async fn serve(args: Args, node: Node) -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     });
-    server::serve(&socket, IdentityService::new(helper), node).await?;
+    server::serve(&endpoint, IdentityService::new(helper), node).await?;
     Ok(())
 }

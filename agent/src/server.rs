@@ -1,8 +1,6 @@
-//! Serving gRPC on the CSI unix socket.
+//! Serving gRPC on the CSI endpoint.
 
-use std::path::Path;
-
-use ebs_csi_proto::endpoint;
+use ebs_csi_proto::listener::{self, Endpoint};
 use ebs_csi_proto::v1::identity_server::IdentityServer;
 use ebs_csi_proto::v1::node_server::NodeServer;
 
@@ -12,11 +10,11 @@ use crate::node::NodeService;
 /// Why the endpoint could not be served.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// The socket could not be created.
-    #[error("cannot listen on {path}: {source}")]
+    /// The endpoint could not be listened on.
+    #[error("cannot listen on {endpoint:?}: {source}")]
     Listen {
-        /// The socket path.
-        path: std::path::PathBuf,
+        /// The endpoint.
+        endpoint: Endpoint,
         /// The OS error.
         source: std::io::Error,
     },
@@ -28,28 +26,31 @@ pub enum ServeError {
 /// Serves Identity and Node until SIGTERM or SIGINT: on the socket passed
 /// when the agent is socket-activated (`ebs-csi-agent.socket`, or the Nomad
 /// job's `systemd-socket-activate`; the file is then theirs), otherwise on
-/// `socket`, created here and removed at exit.
+/// `endpoint`, a unix socket created here and removed at exit or a TCP
+/// address.
 ///
 /// # Errors
 /// [`ServeError::Listen`] or [`ServeError::Transport`].
-pub async fn serve(socket: &Path, identity: IdentityService, node: NodeService) -> Result<(), ServeError> {
-    let listen_error = |source| ServeError::Listen {
-        path: socket.to_owned(),
+pub async fn serve(endpoint: &Endpoint, identity: IdentityService, node: NodeService) -> Result<(), ServeError> {
+    let listening = listener::listen(endpoint).await.map_err(|source| ServeError::Listen {
+        endpoint: endpoint.clone(),
         source,
-    };
-    let listening = endpoint::listen(socket).map_err(listen_error)?;
+    })?;
     if listening.passed {
         tracing::info!("serving CSI Identity and Node on the socket passed in");
     } else {
-        tracing::info!(socket = %socket.display(), "serving CSI Identity and Node");
+        tracing::info!(endpoint = ?endpoint, "serving CSI Identity and Node");
     }
-    tonic::transport::Server::builder()
+    let created = match endpoint {
+        Endpoint::Unix(socket) if !listening.passed => Some(socket.clone()),
+        _ => None,
+    };
+    let router = tonic::transport::Server::builder()
         .trace_fn(ebs_csi_proto::telemetry::rpc_span)
         .add_service(IdentityServer::new(identity))
-        .add_service(NodeServer::new(node))
-        .serve_with_incoming_shutdown(endpoint::connections(listening.listener), endpoint::shutdown_signal())
-        .await?;
-    if !listening.passed {
+        .add_service(NodeServer::new(node));
+    listener::serve(router, listening.listener).await?;
+    if let Some(socket) = created {
         let _ = std::fs::remove_file(socket);
     }
     Ok(())

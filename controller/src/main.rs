@@ -23,12 +23,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use ebs_csi_proto::fips;
+use ebs_csi_proto::listener::{self, Endpoint, Listener};
 use ebs_csi_proto::modify::modify_server::ModifyServer;
 use ebs_csi_proto::v1::controller_server::ControllerServer;
 use ebs_csi_proto::v1::group_controller_server::GroupControllerServer;
 use ebs_csi_proto::v1::identity_server::IdentityServer;
 use ebs_csi_proto::v1::snapshot_metadata_server::SnapshotMetadataServer;
-use ebs_csi_proto::{endpoint, fips};
 
 use crate::ec2::Ec2;
 use crate::ec2::batch::BatchConfig;
@@ -47,7 +48,8 @@ use crate::tags::InvalidTags;
 #[derive(Debug, Parser)]
 #[command(disable_version_flag = true)]
 struct Args {
-    /// CSI endpoint to serve.
+    /// CSI endpoint to serve: `unix:///path`, or `tcp://host:port` as the
+    /// Go driver takes it (named in a warning: CSI has no authentication).
     #[arg(
         long,
         default_value = "unix:///var/lib/csi/sockets/pluginproxy/csi.sock",
@@ -236,7 +238,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             "the controller has no Kubernetes client: it calls EC2 only, and the sidecars read the cluster",
         );
     }
-    let socket = endpoint::socket_path(&args.endpoint)?;
+    let endpoint = Endpoint::parse(&args.endpoint)?;
     let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(https::https_client());
     if let Some(region) = args.region {
         loader = loader.region(aws_config::Region::new(region));
@@ -279,23 +281,24 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         None => None,
     };
     // The socket passed in (the Nomad job's systemd-socket-activate), or
-    // `socket` bound here.
-    let listening = endpoint::listen(&socket).with_context(|| format!("listening on {}", socket.display()))?;
+    // `endpoint` bound here.
+    let listening = listener::listen(&endpoint)
+        .await
+        .with_context(|| format!("listening on {}", args.endpoint))?;
     let on = if listening.passed {
-        "the socket passed in".to_owned()
+        "the socket passed in"
     } else {
-        socket.display().to_string()
+        args.endpoint.as_str()
     };
-    tracing::info!(socket = %on, region = ?config.region(), "serving CSI Identity, Controller and GroupController, and volume-modifier-for-k8s's Modify");
+    tracing::info!(endpoint = %on, region = ?config.region(), "serving CSI Identity, Controller and GroupController, and volume-modifier-for-k8s's Modify");
     let controller = Arc::new(ControllerService::new(Arc::clone(&ec2), settings));
-    tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .trace_fn(telemetry::rpc_span)
         .add_service(IdentityServer::new(IdentityService::new(ec2, CONTROLLER_SERVICES)))
         .add_service(ControllerServer::from_arc(Arc::clone(&controller)))
         .add_service(GroupControllerServer::from_arc(Arc::clone(&controller)))
-        .add_service(ModifyServer::from_arc(controller))
-        .serve_with_incoming_shutdown(endpoint::connections(listening.listener), endpoint::shutdown_signal())
-        .await?;
+        .add_service(ModifyServer::from_arc(controller));
+    listener::serve(router, listening.listener).await?;
     if let Some(metadata) = metadata {
         metadata.await??;
     }
@@ -314,17 +317,16 @@ fn serve_snapshot_metadata<E: Ec2>(
     config: &aws_config::SdkConfig,
     metrics: ApiMetrics,
 ) -> anyhow::Result<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>> {
-    let socket = endpoint::socket_path(address)?;
-    let listener = endpoint::bind(&socket).with_context(|| format!("listening on {}", socket.display()))?;
+    let socket = listener::socket_path(address)?;
+    let bound = listener::bind(&socket).with_context(|| format!("listening on {}", socket.display()))?;
     tracing::info!(socket = %socket.display(), "serving CSI Identity and SnapshotMetadata");
     let service = SnapshotMetadataService::new(Arc::clone(ec2), Arc::new(SdkBlocks::new(config, metrics)));
-    let server = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .trace_fn(telemetry::rpc_span)
         .add_service(IdentityServer::new(IdentityService::new(
             Arc::clone(ec2),
             SNAPSHOT_METADATA_SERVICES,
         )))
-        .add_service(SnapshotMetadataServer::new(service))
-        .serve_with_incoming_shutdown(endpoint::connections(listener), endpoint::shutdown_signal());
-    Ok(tokio::spawn(server))
+        .add_service(SnapshotMetadataServer::new(service));
+    Ok(tokio::spawn(listener::serve(router, Listener::Unix(bound))))
 }

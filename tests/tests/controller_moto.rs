@@ -7,18 +7,20 @@
 )]
 
 use std::collections::HashMap;
+use std::process::Command;
 use std::time::Duration;
 
 use ebs_csi_proto::modify::{GetCsiDriverModificationCapabilityRequest, ModifyVolumePropertiesRequest};
 use ebs_csi_proto::v1::controller_client::ControllerClient;
+use ebs_csi_proto::v1::identity_client::IdentityClient;
 use ebs_csi_proto::v1::volume_capability::access_mode::Mode;
 use ebs_csi_proto::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use ebs_csi_proto::v1::*;
 use ebs_csi_tests::http_proxy::HttpProxy;
-use ebs_csi_tests::moto::{Controller, Moto, REGION, ZONE, assert_tags, xml_values};
+use ebs_csi_tests::moto::{Controller, Moto, REGION, ZONE, assert_tags, aws_env, xml_values};
 use ebs_csi_tests::nomad::{self, NomadClient};
 use ebs_csi_tests::otlp::{OtlpCollector, SPAN_KIND_CLIENT, SPAN_KIND_SERVER, STATUS_CODE_ERROR, TRACEPARENT};
-use ebs_csi_tests::{Sandbox, require_root, wait_until};
+use ebs_csi_tests::{Sandbox, binary, require_root, spawn, wait_until};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -551,10 +553,9 @@ async fn the_volume_modifiers_annotations_modify_the_volume() {
 /// starts the controller and tags nothing, as in the Go driver (v1.64 parses
 /// it and never uses it), `--user-agent-extra` is in every EC2 call's
 /// User-Agent as the Go driver puts it (`exec-env/aws-ebs-csi-driver-<version>-<extra>`,
-/// an extra with a space and a character beyond ASCII taken), and a VolumeAttributesClass's
-/// `iopsPerGB` sets the IOPS for the volume's size and is recorded on it.
+/// an extra with a space and a character beyond ASCII taken).
 #[tokio::test(flavor = "multi_thread")]
-async fn the_go_drivers_extra_volume_tags_user_agent_and_class_iops_per_gb() {
+async fn the_go_drivers_extra_volume_tags_and_user_agent() {
     let world = setup(&[
         "--extra-tags",
         "team=platform",
@@ -576,14 +577,8 @@ async fn the_go_drivers_extra_volume_tags_user_agent_and_class_iops_per_gb() {
             ))),
         "{agents:?}"
     );
-    let modify = ControllerModifyVolumeRequest {
-        volume_id: volume.volume_id.clone(),
-        mutable_parameters: HashMap::from([("iopsPerGB".to_owned(), "100".to_owned())]),
-        ..Default::default()
-    };
-    client.controller_modify_volume(modify).await.unwrap();
-    let xml = moto.volume_once(REGION, &volume.volume_id, |xml| xml.contains("<iops>4000</iops>"));
-    assert_tags(&xml, &[("team", "platform"), ("ebs.csi.aws.com/IOPSPerGb", "100")]);
+    let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &volume.volume_id)]);
+    assert_tags(&xml, &[("team", "platform")]);
     assert!(!xml.contains("<key>legacy</key>"), "{xml}");
     assert!(
         world
@@ -1028,6 +1023,97 @@ async fn iops_follow_the_size_when_the_class_allows_it() {
     let documented = created(&mut client, create_request("pvc-documented", 100, &[("iops", "20000")])).await;
     let xml = moto.ec2(REGION, "DescribeVolumes", &[("VolumeId.1", &documented.volume_id)]);
     assert_eq!(xml_values(&xml, "iops"), vec!["20000"]);
+}
+
+/// A VolumeAttributesClass's `iopsPerGB`, as the Go driver (parity row
+/// 4.5): recorded on the volume alone; with
+/// `allowAutoIOPSIncreaseOnModify` it sets the IOPS to size × ratio at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_class_ratio_sets_the_iops_only_where_the_class_allows_it() {
+    let Setup {
+        moto,
+        mut client,
+        controller: _controller,
+        _sandbox,
+    } = setup(&["--modify-volume-request-handler-timeout", "300ms"]).await;
+    let volume = created(&mut client, create_request("pvc-class-ratio", 10, &[])).await;
+    let modify = |parameters: &[(&str, &str)]| ControllerModifyVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        mutable_parameters: parameters
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..Default::default()
+    };
+    moto.start_recording();
+    client
+        .controller_modify_volume(modify(&[("iopsPerGB", "500")]))
+        .await
+        .unwrap();
+    assert_eq!(moto.recorded("ModifyVolume"), 0);
+    let xml = moto.volume_once(REGION, &volume.volume_id, |xml| {
+        xml.contains("ebs.csi.aws.com/IOPSPerGb")
+    });
+    assert_tags(&xml, &[("ebs.csi.aws.com/IOPSPerGb", "500")]);
+    assert_eq!(xml_values(&xml, "iops"), vec!["3000"]);
+    let allowed = modify(&[("iopsPerGB", "500"), ("allowAutoIOPSIncreaseOnModify", "true")]);
+    moto.start_recording();
+    client.controller_modify_volume(allowed).await.unwrap();
+    assert_eq!(moto.recorded("ModifyVolume"), 1);
+    let xml = moto.volume_once(REGION, &volume.volume_id, |xml| {
+        xml.contains("ebs.csi.aws.com/AllowAutoIOPSIncreaseOnModify")
+    });
+    assert_eq!(xml_values(&xml, "iops"), vec!["5000"]);
+    assert_tags(&xml, &[("ebs.csi.aws.com/AllowAutoIOPSIncreaseOnModify", "true")]);
+}
+
+/// `--endpoint tcp://…`, as the Go driver takes it: the controller serves
+/// CSI on the address (port 0: the kernel picks one), which it names in a
+/// warning that every peer reaching it may call every RPC.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tcp_endpoint_is_served_and_named_in_a_warning() {
+    let sandbox = Sandbox::new();
+    let moto = Moto::start();
+    let metadata_socket = sandbox.path().join("snapshot-metadata.sock");
+    let mut command = Command::new(binary("ebs-csi-controller"));
+    command.arg("--endpoint=tcp://127.0.0.1:0").arg(format!(
+        "--snapshot-metadata-endpoint=unix://{}",
+        metadata_socket.display()
+    ));
+    aws_env(&mut command, &moto.endpoint, REGION);
+    // The SnapshotMetadata socket is bound first, the CSI address after it.
+    let controller = spawn(
+        "controller",
+        command,
+        sandbox.path().join("controller.log"),
+        &metadata_socket,
+    );
+    let warning = "serving CSI on TCP: CSI has no authentication, so every peer that reaches this address \
+                   may call every RPC; keep it on an address only the CO's components reach address=";
+    wait_until("the TCP endpoint's warning", Duration::from_secs(30), || {
+        controller.log().contains(warning)
+    });
+    let log = controller.log();
+    let address = log[log.find(warning).unwrap() + warning.len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned();
+    assert!(
+        address.starts_with("127.0.0.1:") && !address.ends_with(":0"),
+        "{address}"
+    );
+    let channel = Channel::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let info = IdentityClient::new(channel)
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "ebs.csi.aws.com");
 }
 
 /// `blockAttachUntilInitialized` over the wire: while DescribeVolumeStatus

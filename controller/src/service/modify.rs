@@ -127,12 +127,30 @@ fn without_no_ops(volume: &Volume, mut input: ModifyVolumeInput) -> ModifyVolume
     input
 }
 
+/// Whether a volume's tags allow its IOPS to follow its `iopsPerGB`
+/// (`allowAutoIOPSIncreaseOnModify`).
+fn allows_iops_increase(volume: &Volume) -> bool {
+    volume.tags.get(tags::AUTO_IOPS_ON_MODIFY).is_some_and(|v| v == "true")
+}
+
 /// The `iopsPerGB` a volume's tags say to keep when it grows
 /// (`allowAutoIOPSIncreaseOnModify`).
 fn kept_iops_ratio(volume: &Volume) -> Option<i32> {
-    let allowed = volume.tags.get(tags::AUTO_IOPS_ON_MODIFY).is_some_and(|v| v == "true");
     let ratio = volume.tags.get(tags::IOPS_PER_GIB).and_then(|v| v.parse::<i32>().ok());
-    ratio.filter(|_| allowed)
+    ratio.filter(|_| allows_iops_increase(volume))
+}
+
+/// The `iopsPerGB` of a VolumeAttributesClass that sets the volume's IOPS
+/// now (its size × the ratio): as the Go driver's ResizeOrModifyDisk
+/// (`pkg/cloud/cloud.go`, `../shared/reviews/parity-go-driver.md` row 4.5),
+/// only where `allowAutoIOPSIncreaseOnModify` allows it, from the class or
+/// else from the volume's tag. Otherwise the ratio is only recorded on the
+/// volume, for a later class or resize that allows it.
+fn applied_iops_ratio(volume: &Volume, m: &parameters::Mutation) -> Option<i32> {
+    let allowed = m
+        .allow_iops_increase_on_modify
+        .unwrap_or_else(|| allows_iops_increase(volume));
+    m.iops_per_gib.filter(|_| allowed)
 }
 
 impl<E: Ec2> ControllerService<E> {
@@ -192,12 +210,13 @@ impl<E: Ec2> ControllerService<E> {
         let m = parameters::mutation(&r.mutable_parameters, self.settings.invalid_tags)?;
         let volume = self.existing(volume_id).await?;
         let kind = volume_type::lookup(m.volume_type.as_deref().unwrap_or(&volume.volume_type))?;
-        let iops = if m.iops.is_some() || m.iops_per_gib.is_some() {
+        let ratio = applied_iops_ratio(&volume, &m);
+        let iops = if m.iops.is_some() || ratio.is_some() {
             let kind = self
                 .iops_ceilings
                 .in_zone(self.ec2.as_ref(), kind, &volume.zone, &volume.tags)
                 .await;
-            kind.resolve_iops(volume.size_gib, m.iops, m.iops_per_gib, false)?
+            kind.resolve_iops(volume.size_gib, m.iops, ratio, false)?
         } else {
             None
         };

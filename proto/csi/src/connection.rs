@@ -1,4 +1,4 @@
-//! A client connection on a CSI unix socket, as tonic serves it.
+//! A client connection on a CSI socket (unix or TCP), as tonic serves it.
 
 use std::io;
 use std::pin::Pin;
@@ -6,30 +6,26 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::UnixStream;
-use tonic::transport::server::{Connected, UdsConnectInfo};
+use tokio::net::{TcpStream, UnixStream};
+use tonic::transport::server::{Connected, TcpConnectInfo, UdsConnectInfo};
 
 use crate::authority::AuthorityFilter;
 
 /// How many bytes one read from the socket takes.
 const READ_CHUNK: usize = 8192;
 
-/// A unix stream whose incoming bytes pass through an [`AuthorityFilter`],
-/// so that h2 accepts every gRPC client's `:authority`; outgoing bytes are
+/// A stream whose incoming bytes pass through an [`AuthorityFilter`], so
+/// that h2 accepts every gRPC client's `:authority`; outgoing bytes are
 /// written unchanged.
-pub struct Connection {
-    stream: UnixStream,
+pub struct Connection<S> {
+    stream: S,
     filter: AuthorityFilter,
     filtered: BytesMut,
 }
 
-impl Connection {
-    /// Wraps an accepted stream.
-    pub fn new(stream: UnixStream) -> Self {
-        let peer = match stream.peer_cred() {
-            Ok(cred) => format!("pid {} uid {}", cred.pid().unwrap_or_default(), cred.uid()),
-            Err(e) => format!("unknown ({e})"),
-        };
+impl<S> Connection<S> {
+    /// Wraps an accepted stream from `peer` (named in the filter's warnings).
+    fn with_peer(stream: S, peer: String) -> Self {
         Self {
             stream,
             filter: AuthorityFilter::new(peer),
@@ -38,7 +34,30 @@ impl Connection {
     }
 }
 
-impl AsyncRead for Connection {
+impl Connection<UnixStream> {
+    /// Wraps a stream accepted on a unix socket; the peer is its process
+    /// and user (SO_PEERCRED).
+    pub fn unix(stream: UnixStream) -> Self {
+        let peer = match stream.peer_cred() {
+            Ok(cred) => format!("pid {} uid {}", cred.pid().unwrap_or_default(), cred.uid()),
+            Err(e) => format!("unknown ({e})"),
+        };
+        Self::with_peer(stream, peer)
+    }
+}
+
+impl Connection<TcpStream> {
+    /// Wraps a stream accepted on a TCP address; the peer is its address.
+    pub fn tcp(stream: TcpStream) -> Self {
+        let peer = match stream.peer_addr() {
+            Ok(address) => address.to_string(),
+            Err(e) => format!("unknown ({e})"),
+        };
+        Self::with_peer(stream, peer)
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Connection<S> {
     /// Reads what the filter let through; a client whose bytes it cannot
     /// follow gets InvalidData (h2 then drops the connection), logged at
     /// warn with the peer.
@@ -63,7 +82,7 @@ impl AsyncRead for Connection {
     }
 }
 
-impl AsyncWrite for Connection {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Connection<S> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
     }
@@ -89,10 +108,18 @@ impl AsyncWrite for Connection {
     }
 }
 
-impl Connected for Connection {
+impl Connected for Connection<UnixStream> {
     type ConnectInfo = UdsConnectInfo;
 
     fn connect_info(&self) -> UdsConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl Connected for Connection<TcpStream> {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
         self.stream.connect_info()
     }
 }

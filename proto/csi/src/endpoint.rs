@@ -1,100 +1,10 @@
-//! Serving a CSI endpoint: what both gRPC binaries share.
-
-use std::io;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-
-use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
-use tokio_stream::{Stream, StreamExt};
+//! What both gRPC binaries share beyond listening (`listener`): the
+//! Identity answers, the shutdown signal, logging.
 
 use crate::DRIVER_NAME;
-use crate::connection::Connection;
 use crate::telemetry::{self, SpanExport};
 use crate::v1::plugin_capability::{self, service};
 use crate::v1::{GetPluginCapabilitiesResponse, GetPluginInfoResponse, PluginCapability};
-
-/// A CSI endpoint that is not a unix socket path.
-#[derive(Debug, thiserror::Error)]
-#[error("endpoint {0:?} is not unix:///absolute/path")]
-pub struct InvalidEndpoint(pub String);
-
-/// The socket path of a CSI endpoint such as `unix:///csi/csi.sock` (also
-/// `unix:/csi/csi.sock`).
-///
-/// # Errors
-/// [`InvalidEndpoint`] for anything but an absolute unix path.
-pub fn socket_path(endpoint: &str) -> Result<PathBuf, InvalidEndpoint> {
-    endpoint
-        .strip_prefix("unix://")
-        .or_else(|| endpoint.strip_prefix("unix:"))
-        .filter(|p| p.starts_with('/'))
-        .map(PathBuf::from)
-        .ok_or_else(|| InvalidEndpoint(endpoint.to_owned()))
-}
-
-/// Listens on `socket`, replacing a stale socket file left by an earlier
-/// run. The socket is mode 0660: the service's user and group may connect
-/// (kubelet and Nomad connect as root; sidecars that run without
-/// capabilities connect through the group).
-///
-/// # Errors
-/// The error removing the old file, binding or setting the mode.
-pub fn bind(socket: &Path) -> io::Result<UnixListener> {
-    match std::fs::remove_file(socket) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-        _ => {}
-    }
-    let listener = UnixListener::bind(socket)?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o660))?;
-    Ok(listener)
-}
-
-/// A listening socket made elsewhere (systemd socket activation), ready
-/// for [`connections`].
-///
-/// # Errors
-/// The error making the socket non-blocking.
-pub fn adopt(listener: std::os::unix::net::UnixListener) -> io::Result<UnixListener> {
-    listener.set_nonblocking(true)?;
-    UnixListener::from_std(listener)
-}
-
-/// Where a service listens.
-pub struct Listening {
-    /// The listening socket.
-    pub listener: UnixListener,
-    /// The socket was passed in (sd_listen_fds(3): by systemd, or by
-    /// `systemd-socket-activate` as in the Nomad jobs): its file is not
-    /// this process's to remove.
-    pub passed: bool,
-}
-
-/// The socket passed by socket activation if there is one, otherwise
-/// `socket` bound here ([`bind`]).
-///
-/// # Errors
-/// The error adopting the passed socket or binding `socket`.
-pub fn listen(socket: &Path) -> io::Result<Listening> {
-    match ebs_csi_linux::activation::listener_from_systemd()? {
-        Some(passed) => Ok(Listening {
-            listener: adopt(passed)?,
-            passed: true,
-        }),
-        None => Ok(Listening {
-            listener: bind(socket)?,
-            passed: false,
-        }),
-    }
-}
-
-/// The connections to serve with tonic's `serve_with_incoming`: each
-/// accepted client's bytes pass through the
-/// [`AuthorityFilter`](crate::authority::AuthorityFilter), so any gRPC
-/// client is served, whatever `:authority` it sends.
-pub fn connections(listener: UnixListener) -> impl Stream<Item = io::Result<Connection>> {
-    UnixListenerStream::new(listener).map(|accepted| accepted.map(Connection::new))
-}
 
 /// Completes on SIGTERM or SIGINT (never, if the handlers cannot be set).
 pub async fn shutdown_signal() {
@@ -243,31 +153,5 @@ mod tests {
         assert_eq!(LoggingFormat::parse("text"), Ok(LoggingFormat::Text));
         assert_eq!(LoggingFormat::parse("json"), Ok(LoggingFormat::Json));
         assert!(LoggingFormat::parse("JSON").is_err());
-    }
-
-    #[test]
-    fn parses_unix_endpoints() {
-        assert_eq!(
-            socket_path("unix:///csi/csi.sock").unwrap(),
-            PathBuf::from("/csi/csi.sock")
-        );
-        assert_eq!(
-            socket_path("unix:/csi/csi.sock").unwrap(),
-            PathBuf::from("/csi/csi.sock")
-        );
-        for bad in ["tcp://127.0.0.1:1", "unix://relative", "/csi.sock"] {
-            assert!(socket_path(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[tokio::test]
-    async fn binds_over_a_stale_socket_with_mode_0660() {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("csi.sock");
-        std::fs::write(&socket, b"stale").unwrap();
-        let _listener = bind(&socket).unwrap();
-        let metadata = std::fs::metadata(&socket).unwrap();
-        assert!(std::os::unix::fs::FileTypeExt::is_socket(&metadata.file_type()));
-        assert_eq!(metadata.permissions().mode() & 0o777, 0o660);
     }
 }

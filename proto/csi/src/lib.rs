@@ -14,6 +14,7 @@ pub mod fips;
 pub mod format_context;
 pub mod go_flags;
 pub mod inflight;
+pub mod listener;
 pub mod metrics_http;
 pub mod observed;
 pub mod telemetry;
