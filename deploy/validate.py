@@ -1146,6 +1146,8 @@ def main():
     flags = {b: accepted_flags(bin_dir, b) for b in ("ebs-csi-agent", "ebs-csi-controller", "ebs-csi-helper")}
     for command in ("plugin-dir", "pre-stop"):
         flags[f"ebs-csi-agent {command}"] = accepted_flags(bin_dir, "ebs-csi-agent", command)
+    # The Go driver's mode argument: the controller's flags, the labeler's work.
+    flags["ebs-csi-controller metadata-labeler"] = accepted_flags(bin_dir, "ebs-csi-controller", "metadata-labeler")
     if sys.argv[2:] == ["--self-test"]:
         self_test(flags)
     else:

@@ -76,7 +76,8 @@ struct Args {
     /// order: `imds` (instance metadata service), `kubernetes` (this node's
     /// Node object; needs CSI_NODE_NAME and a token allowed to get Nodes),
     /// `dmi` (SMBIOS in sysfs: id and type, no zone); the Go driver's
-    /// `metadata-labeler` is read as `kubernetes`, with a warning.
+    /// `metadata-labeler` is the Node object with the interface and volume
+    /// counts `ebs-csi-controller metadata-labeler` puts in its labels.
     #[arg(long, value_delimiter = ',', default_value = "imds,kubernetes,dmi", value_parser = Source::parse)]
     metadata_sources: Vec<Source>,
     /// The Kubernetes service account directory (`token`, `ca.crt`) of
@@ -218,7 +219,6 @@ async fn main() -> anyhow::Result<()> {
     if args.windows_host_process {
         go_flags::warn_ignored("--windows-host-process=true", "the agent serves Linux nodes only");
     }
-    metadata::warn_of_metadata_labeler(&args.metadata_sources);
     // 1. A command: do it and exit.
     if let Some(command) = &args.command {
         return run(command, &args).await;

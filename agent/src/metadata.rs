@@ -12,8 +12,10 @@
 //!   gives no availability zone: it completes only with
 //!   `--availability-zone`.
 //!
-//! Network interfaces and boot volumes are known only from IMDS; the other
-//! sources report one interface and no boot volume besides the root.
+//! Network interfaces and boot volumes are known from IMDS, and from the
+//! Node's labels the controller's metadata labeler writes
+//! (`metadata-labeler`); the other sources report one interface and no boot
+//! volume besides the root.
 
 pub mod dmi;
 pub mod imds;
@@ -39,9 +41,11 @@ pub struct NodeMetadata {
     /// Instance type, e.g. `m5.large`.
     pub instance_type: String,
     /// Attached network interfaces at start (they share attachment slots
-    /// on most Nitro types), when read from IMDS; NodeGetInfo reads them
-    /// again. Without IMDS one is assumed.
+    /// on most Nitro types), when read from IMDS or the metadata labeler's
+    /// label. Without either one is assumed.
     pub network_interfaces: Option<u32>,
+    /// The interfaces came from IMDS, which NodeGetInfo asks again.
+    pub interfaces_from_imds: bool,
     /// EBS volumes besides the root that the instance was launched or last
     /// started with (IMDS `block-device-mapping/ebsN`); 0 when not read.
     pub boot_volumes: u32,
@@ -90,6 +94,7 @@ impl Found {
             outpost_arn: self.outpost_arn,
             instance_type: self.instance_type.ok_or("instance type")?,
             network_interfaces: self.network_interfaces,
+            interfaces_from_imds: false,
             boot_volumes: self.boot_volumes.unwrap_or(0),
         })
     }
@@ -104,24 +109,11 @@ pub enum Source {
     Kubernetes,
     /// The kernel's SMBIOS (DMI) attributes.
     Dmi,
-    /// The Go driver's `metadata-labeler`: the Node object with the labels
-    /// its controller's labeler adds (the node's ENI and volume counts).
-    /// Read as [`Source::Kubernetes`]: the Node object gives the zone and
-    /// the instance type, and the counts are not needed (one interface and
-    /// the root volume assumed, as for any Node object), so a node started
-    /// with it starts; [`warn_of_metadata_labeler`] says so.
+    /// The Go driver's `metadata-labeler`: this node's Node object, as
+    /// [`Source::Kubernetes`], with the network interface and volume counts
+    /// the controller's metadata labeler puts in its labels
+    /// (`ebs-csi-controller metadata-labeler`).
     MetadataLabeler,
-}
-
-/// Warns, once at start, that `metadata-labeler` among `sources` is read as
-/// `kubernetes` ([`Source::MetadataLabeler`]).
-pub fn warn_of_metadata_labeler(sources: &[Source]) {
-    if sources.contains(&Source::MetadataLabeler) {
-        tracing::warn!(
-            "--metadata-sources metadata-labeler is read as kubernetes: the Node object gives the zone and the \
-             instance type, and the agent needs no labeler's labels"
-        );
-    }
 }
 
 impl Source {
@@ -202,7 +194,8 @@ pub async fn resolve(flags: Found, settings: &Settings) -> Result<NodeMetadata, 
         let found = match source {
             Source::Imds => imds::read().await.map_err(SourceError::from),
             Source::Kubernetes | Source::MetadataLabeler => {
-                kubernetes::read(&settings.api).await.map_err(SourceError::from)
+                let counts = source == Source::MetadataLabeler;
+                kubernetes::read(&settings.api, counts).await.map_err(SourceError::from)
             }
             Source::Dmi => dmi::read(&settings.dmi_dir).map_err(SourceError::from),
         };
@@ -210,7 +203,10 @@ pub async fn resolve(flags: Found, settings: &Settings) -> Result<NodeMetadata, 
         match outcome {
             Ok(metadata) => {
                 tracing::info!(%source, "node metadata read");
-                return Ok(metadata);
+                return Ok(NodeMetadata {
+                    interfaces_from_imds: source == Source::Imds && metadata.network_interfaces.is_some(),
+                    ..metadata
+                });
             }
             Err(e) => {
                 // Not a warning: the next source may answer (a pod without
@@ -222,19 +218,6 @@ pub async fn resolve(flags: Found, settings: &Settings) -> Result<NodeMetadata, 
         }
     }
     Err(MetadataError(failures))
-}
-
-/// `error` and each of its sources, joined by `: ` (hyper's own message
-/// hides the connect or TLS cause in its sources).
-fn causes(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }
 
 #[cfg(test)]

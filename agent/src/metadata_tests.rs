@@ -73,6 +73,7 @@ async fn dmi_completes_with_the_zone_flag_and_fails_without_it() {
             outpost_arn: None,
             instance_type: "m5.large".into(),
             network_interfaces: None,
+            interfaces_from_imds: false,
             boot_volumes: 0,
         }
     );

@@ -46,7 +46,8 @@ pub struct NodeService {
     in_flight: InFlight,
     metadata: NodeMetadata,
     limit: LimitSettings,
-    /// The network interfaces IMDS listed last (see [`NodeService::info`]).
+    /// The network interfaces IMDS (or the metadata labeler's label) listed
+    /// last (see [`NodeService::info`]).
     network_interfaces: AtomicU32,
     device_wait: Duration,
     /// `--legacy-xfs`: XFS is formatted for kernels 5.4 and older.
@@ -399,7 +400,7 @@ impl NodeService {
     async fn network_interfaces(&self) -> u32 {
         let last = self.network_interfaces.load(Ordering::Relaxed);
         let shared = limits::attachments(&self.metadata.instance_type).shared_with_interfaces;
-        if self.metadata.network_interfaces.is_none() || self.limit.fixed.is_some() || !shared {
+        if !self.metadata.interfaces_from_imds || self.limit.fixed.is_some() || !shared {
             return last;
         }
         match imds::network_interfaces().await {

@@ -5,6 +5,7 @@ mod devices;
 mod ec2;
 mod error;
 mod https;
+mod labeler;
 mod metrics;
 mod parameters;
 mod service;
@@ -23,6 +24,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use ebs_csi_kube::{ApiClient, ApiSource};
 use ebs_csi_proto::fips;
 use ebs_csi_proto::listener::{self, Endpoint, Listener};
 use ebs_csi_proto::modify::modify_server::ModifyServer;
@@ -36,6 +38,7 @@ use crate::ec2::batch::BatchConfig;
 use crate::ec2::limits::Limits;
 use crate::ec2::pacing::{Paced, RequestBuckets};
 use crate::ec2::sdk::SdkEc2;
+use crate::labeler::lease::Lease;
 use crate::metrics::ApiMetrics;
 use crate::service::identity::{CONTROLLER_SERVICES, SNAPSHOT_METADATA_SERVICES};
 use crate::service::{ControllerService, IdentityService, Settings};
@@ -43,8 +46,16 @@ use crate::snapshot_metadata::SnapshotMetadataService;
 use crate::snapshot_metadata::blocks::SdkBlocks;
 use crate::tags::InvalidTags;
 
+/// The Go driver's mode for its metadata labeler, the first argument of
+/// its chart's `metadata-labeler` container.
+const LABELER_MODE: &str = "metadata-labeler";
+
+/// The in-cluster configuration's service account directory (client-go's).
+const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
 /// The CSI Controller service for Amazon EBS (flag names follow the Go
-/// driver's where they exist).
+/// driver's where they exist), or with `metadata-labeler` first its
+/// metadata labeler.
 #[derive(Debug, Parser)]
 #[command(disable_version_flag = true)]
 struct Args {
@@ -131,8 +142,10 @@ struct Args {
     /// region is --region's, else the SDK's: AWS_REGION, the profile, IMDS).
     #[arg(long)]
     metadata_sources: Option<String>,
-    /// The Go driver's kubeconfig for its Kubernetes client: accepted and
-    /// ignored with a warning (the controller has no Kubernetes client).
+    /// A kubeconfig file for the metadata labeler's Kubernetes client
+    /// (`metadata-labeler` mode; else the in-cluster configuration), as the
+    /// Go driver's flag. The CSI service has no Kubernetes client: there it
+    /// is accepted and ignored with a warning.
     #[arg(long)]
     kubeconfig: Option<String>,
     /// klog's and other flags of the Go driver's manifests, ignored.
@@ -159,7 +172,9 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse_from(go_flags::as_the_go_driver_reads(std::env::args_os(), "controller"));
+    let labeler = std::env::args_os().nth(1).is_some_and(|mode| mode == LABELER_MODE);
+    let mode = if labeler { LABELER_MODE } else { "controller" };
+    let args = Args::parse_from(go_flags::as_the_go_driver_reads(std::env::args_os(), mode));
     if args.fips {
         fips::enable().context("--fips")?;
     }
@@ -169,7 +184,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?
-        .block_on(run(args))
+        .block_on(run(args, labeler))
 }
 
 /// Names the driver in every EC2 call's User-Agent as the Go driver does:
@@ -201,7 +216,7 @@ fn name_the_driver_in_the_user_agent(extra: Option<&str>) {
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(args: Args, labeler: bool) -> anyhow::Result<()> {
     let sdk_debug: &[&str] = if args.aws_sdk_debug_log {
         &["aws_smithy_runtime=debug", "aws_sdk_ec2=debug", "aws_config=debug"]
     } else {
@@ -210,7 +225,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let spans = SpanExport::start(&args.tracing).context("--enable-otel-tracing")?;
     ebs_csi_proto::endpoint::init_logging(args.logging_format, args.v, sdk_debug, spans.as_ref());
     fips::log_mode();
-    let served = serve(args).await;
+    let served = if labeler {
+        label_nodes(args).await
+    } else {
+        serve(args).await
+    };
     if let Some(spans) = spans {
         spans.flush_at_exit().await;
     }
@@ -235,15 +254,12 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     if let Some(kubeconfig) = &args.kubeconfig {
         go_flags::warn_ignored(
             &format!("--kubeconfig={kubeconfig}"),
-            "the controller has no Kubernetes client: it calls EC2 only, and the sidecars read the cluster",
+            "the CSI service has no Kubernetes client: it calls EC2 only, and the sidecars read the cluster \
+             (the metadata-labeler mode uses it)",
         );
     }
     let endpoint = Endpoint::parse(&args.endpoint)?;
-    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(https::https_client());
-    if let Some(region) = args.region {
-        loader = loader.region(aws_config::Region::new(region));
-    }
-    let config = loader.load().await;
+    let config = aws_config(args.region.clone()).await;
     let metrics = ApiMetrics::new(args.deprecated_metrics).context("metrics")?;
     let served = metrics.clone();
     metrics_http::start(&args.metrics, move || {
@@ -252,10 +268,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     })
     .await
     .context("--http-endpoint")?;
-    let ec2 = Arc::new(Paced::new(
-        SdkEc2::new(&config, metrics.clone()),
-        RequestBuckets::new(args.ec2_request_limits),
-    ));
+    let ec2 = ec2_client(&config, metrics.clone(), args.ec2_request_limits.clone());
     let invalid_tags = match args.warn_on_invalid_tag {
         true => InvalidTags::Skip,
         false => InvalidTags::Refuse,
@@ -303,6 +316,58 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         metadata.await??;
     }
     Ok(())
+}
+
+/// The AWS SDK's configuration: `region`, else the SDK's (AWS_REGION, the
+/// profile, IMDS), and this process's HTTPS client.
+async fn aws_config(region: Option<String>) -> aws_config::SdkConfig {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(https::https_client());
+    if let Some(region) = region {
+        loader = loader.region(aws_config::Region::new(region));
+    }
+    loader.load().await
+}
+
+/// The EC2 client: the SDK's, its calls counted in `metrics` and paced by
+/// `limits`.
+fn ec2_client(
+    config: &aws_config::SdkConfig,
+    metrics: ApiMetrics,
+    limits: Limits,
+) -> Arc<Paced<SdkEc2, RequestBuckets>> {
+    Arc::new(Paced::new(SdkEc2::new(config, metrics), RequestBuckets::new(limits)))
+}
+
+/// The `metadata-labeler` mode (the Go driver's, run by its chart's
+/// `sidecars.metadataLabeler` container): labels the cluster's Nodes
+/// ([`labeler`]) while this replica holds the Lease
+/// `metadata-labeler-ebs.csi.aws.com` in its namespace (`POD_NAMESPACE`,
+/// else its service account's, else `default`, as csi-lib-utils'), as the
+/// candidate named by its host name (the pod's name).
+///
+/// # Errors
+/// The Kubernetes client's configuration unusable, or the lease lost
+/// (the container starts again, as the Go driver's).
+async fn label_nodes(args: Args) -> anyhow::Result<()> {
+    args.go_driver.warn();
+    let config = aws_config(args.region.clone()).await;
+    let metrics = ApiMetrics::new(args.deprecated_metrics).context("metrics")?;
+    let ec2 = ec2_client(&config, metrics, args.ec2_request_limits.clone());
+    let source = match &args.kubeconfig {
+        Some(path) => ApiSource::Kubeconfig(path.into()),
+        None => ApiSource::InCluster(SERVICE_ACCOUNT_DIR.into()),
+    };
+    let api = ApiClient::connect(&source)
+        .await
+        .context("the Kubernetes API's client")?;
+    let namespace = std::env::var("POD_NAMESPACE")
+        .or_else(|_| std::fs::read_to_string(format!("{SERVICE_ACCOUNT_DIR}/namespace")))
+        .map_or_else(|_| "default".to_owned(), |namespace| namespace.trim().to_owned());
+    let identity = std::fs::read_to_string("/proc/sys/kernel/hostname").context("the host name")?;
+    let lease_name = format!("{LABELER_MODE}-{}", ebs_csi_proto::DRIVER_NAME);
+    let lease = Lease::new(&api, &namespace, &lease_name, identity.trim());
+    tracing::info!(namespace, lease = lease_name, identity = identity.trim(), region = ?config.region(), "metadata labeler: waiting for the lease");
+    Err(labeler::run(&api, ec2, &lease).await.into())
 }
 
 /// Binds `address` and serves Identity (advertising only

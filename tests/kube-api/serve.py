@@ -267,6 +267,7 @@ def main():
     parser.add_argument("directory", type=Path)
     parser.add_argument("--taints", type=json.loads)
     parser.add_argument("--unschedulable", action="store_true")
+    parser.add_argument("--labels", type=json.loads, default={})
     parser.add_argument("--conflicts", type=int, default=0)
     parser.add_argument("--volume-attachments", type=json.loads, default=[])
     parser.add_argument("--ciphers")
@@ -276,6 +277,7 @@ def main():
         NODE = dict(NODE, spec=dict(NODE["spec"], taints=args.taints))
     if args.unschedulable:
         NODE = dict(NODE, spec=dict(NODE["spec"], unschedulable=True))
+    NODE = dict(NODE, metadata=dict(NODE["metadata"], labels=dict(NODE["metadata"].get("labels", {}), **args.labels)))
     conflicts = args.conflicts
     pem = certificates(directory)
     (directory / "token").write_text(TOKEN)

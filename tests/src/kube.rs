@@ -520,8 +520,8 @@ pub const DETACH_SECONDS: u32 = 3;
 /// on a cluster's node: EC2 is moto behind serve.py on the node's address,
 /// the node is the instance it runs as (its providerID and its zone and
 /// instance-type labels, as the AWS cloud controller manager sets them),
-/// the snapshot CRDs and snapshot-controller are installed, and the
-/// attach simulator plays the instance's hypervisor: an attached
+/// the snapshot CRDs and snapshot-controller are installed, the metadata
+/// labeler runs beside the controller, and the attach simulator plays the instance's hypervisor: an attached
 /// volume is a loop device with an EBS volume's links in `<DIR>/dev`, which
 /// the agent takes as its device tree (`--dev-dir`) and the helper accepts
 /// (`--allow-loop-devices`).
@@ -583,6 +583,7 @@ impl Driver {
                 cluster.dir().join("kubelet").display()
             ),
             format!("--set-json=controller.env={env}"),
+            "--set=sidecars.metadataLabeler.enabled=true".to_owned(),
         ];
         let dev = cluster.dir().join("dev");
         let simulator = crate::lifecycle::start_simulator(&cluster.dir(), &moto.endpoint, &instance);

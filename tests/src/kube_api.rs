@@ -41,7 +41,7 @@ impl KubeApi {
         Self::start_with(&[])
     }
 
-    /// With serve.py's options (`--taints`, `--unschedulable`,
+    /// With serve.py's options (`--taints`, `--unschedulable`, `--labels`,
     /// `--conflicts`, `--volume-attachments`).
     pub fn start_with(args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();

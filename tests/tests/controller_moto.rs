@@ -72,6 +72,11 @@ fn block(mode: Mode) -> VolumeCapability {
     }
 }
 
+/// A request's parameters from `(key, value)` pairs.
+fn string_map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+}
+
 fn create_request(name: &str, gib: i64, parameters: &[(&str, &str)]) -> CreateVolumeRequest {
     CreateVolumeRequest {
         name: name.into(),
@@ -80,10 +85,7 @@ fn create_request(name: &str, gib: i64, parameters: &[(&str, &str)]) -> CreateVo
             limit_bytes: 0,
         }),
         volume_capabilities: vec![mount()],
-        parameters: parameters
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
+        parameters: string_map(parameters),
         accessibility_requirements: Some(TopologyRequirement {
             requisite: vec![],
             preferred: vec![Topology {
@@ -525,7 +527,7 @@ async fn the_volume_modifiers_annotations_modify_the_volume() {
     let volume = created(&mut client, create_request("pvc-annotated", 10, &[("type", "gp2")])).await;
     let annotations = |pairs: &[(&str, &str)]| ModifyVolumePropertiesRequest {
         name: volume.volume_id.clone(),
-        parameters: pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+        parameters: string_map(pairs),
         context: HashMap::from([("csi.storage.k8s.io/pvc/name".to_owned(), "data".to_owned())]),
     };
     let refused = modifier
@@ -698,10 +700,7 @@ async fn snapshot_classes_lock_and_enable_fast_restore() {
     let request = |name: &str, parameters: &[(&str, &str)]| CreateSnapshotRequest {
         source_volume_id: volume.volume_id.clone(),
         name: name.into(),
-        parameters: parameters
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
+        parameters: string_map(parameters),
         ..Default::default()
     };
     moto.start_recording();
@@ -1030,19 +1029,12 @@ async fn iops_follow_the_size_when_the_class_allows_it() {
 /// `allowAutoIOPSIncreaseOnModify` it sets the IOPS to size × ratio at once.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_class_ratio_sets_the_iops_only_where_the_class_allows_it() {
-    let Setup {
-        moto,
-        mut client,
-        controller: _controller,
-        _sandbox,
-    } = setup(&["--modify-volume-request-handler-timeout", "300ms"]).await;
+    let world = setup(&["--modify-volume-request-handler-timeout", "300ms"]).await;
+    let (moto, mut client) = (&world.moto, world.client.clone());
     let volume = created(&mut client, create_request("pvc-class-ratio", 10, &[])).await;
     let modify = |parameters: &[(&str, &str)]| ControllerModifyVolumeRequest {
         volume_id: volume.volume_id.clone(),
-        mutable_parameters: parameters
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
+        mutable_parameters: string_map(parameters),
         ..Default::default()
     };
     moto.start_recording();

@@ -276,34 +276,34 @@ fn a_pod_that_cannot_reach_imds_reads_its_node_object() {
     );
 }
 
-/// The Go driver's `--metadata-sources metadata-labeler` starts the agent
-/// (a flag of the reference's never fails a start): it reads the Node
-/// object, as `kubernetes` does, and says so.
+/// The Go driver's `--metadata-sources metadata-labeler`: the Node object,
+/// as `kubernetes`, with the network interfaces and the volumes besides the
+/// root that the controller's metadata labeler puts in its labels (3 and 2:
+/// m5.xlarge's 26 slots for one interface and the root lose 2 more
+/// interfaces and 2 volumes); `kubernetes` alone does not read them.
 #[test]
-fn the_go_drivers_metadata_labeler_source_reads_the_node_object() {
-    let api = KubeApi::start();
-    let unreachable = ["--metadata-sources", "metadata-labeler"];
-    let output = agent_metadata(
-        &api,
-        api.service_account_dir(),
-        NODE_NAME,
-        "http://127.0.0.1:9",
-        &unreachable,
-    );
-    assert!(output.status.success(), "{output:?}");
-    assert_eq!(
-        String::from_utf8_lossy(&output.stdout),
-        "instance id\ti-0fedcba9876543210\navailability zone\teu-west-1b\ninstance type\tm5.xlarge\nmax volumes\t26\n"
-    );
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("WARN ebs_csi_agent::metadata: --metadata-sources metadata-labeler is read as kubernetes"),
-        "{stderr}"
-    );
-    assert!(
-        stderr.contains("node metadata read source=metadata-labeler"),
-        "{stderr}"
-    );
+fn the_go_drivers_metadata_labeler_source_reads_the_labelers_counts() {
+    let labels = r#"{"ebs.csi.aws.com/enis-count": "3", "ebs.csi.aws.com/non-csi-ebs-volumes-count": "2"}"#;
+    let api = KubeApi::start_with(&["--labels", labels]);
+    let read = |source: &str| {
+        let output = agent_metadata(
+            &api,
+            api.service_account_dir(),
+            NODE_NAME,
+            "http://127.0.0.1:9",
+            &["--metadata-sources", source],
+        );
+        assert!(output.status.success(), "{output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(&format!("node metadata read source={source}")) && !stderr.contains("WARN"),
+            "{stderr}"
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let node = "instance id\ti-0fedcba9876543210\navailability zone\teu-west-1b\ninstance type\tm5.xlarge\n";
+    assert_eq!(read("metadata-labeler"), format!("{node}max volumes\t22\n"));
+    assert_eq!(read("kubernetes"), format!("{node}max volumes\t26\n"));
 }
 
 #[test]

@@ -15,7 +15,9 @@ use aws_config::provider_config::ProviderConfig;
 use aws_smithy_http_client::Builder;
 use aws_smithy_http_client::tls::{Provider, rustls_provider::CryptoMode};
 
-use super::{Found, causes};
+use ebs_csi_kube::causes;
+
+use super::Found;
 
 /// One client for the process: it keeps its IMDSv2 session token, so
 /// NodeGetInfo's read of the interfaces (every

@@ -180,6 +180,8 @@ pub struct Instance {
     /// The EBS volumes in its block-device mapping but its root device's
     /// (`RootDeviceName`): the data volumes CreateSnapshots takes.
     pub data_volume_ids: Vec<String>,
+    /// Its attached network interfaces (`NetworkInterfaces`).
+    pub network_interfaces: usize,
 }
 
 /// The state of a volume modification (EC2 API `VolumeModificationState`).

@@ -272,6 +272,7 @@ impl Model {
             instance_type: "m5.large".into(),
             ebs_cards_in_use: vec![0],
             data_volume_ids: Vec::new(),
+            network_interfaces: 1,
         };
         self.state().instances.insert(id.into(), instance);
     }

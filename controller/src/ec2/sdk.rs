@@ -493,6 +493,7 @@ impl Ec2 for SdkEc2 {
                                     .filter(|m| m.device_name() != i.root_device_name())
                                     .filter_map(|m| m.ebs()?.volume_id().map(str::to_owned))
                                     .collect(),
+                                network_interfaces: i.network_interfaces().len(),
                             }
                         }));
                     }

@@ -37,6 +37,18 @@ pub mod modify {
 /// the same as the Go driver's so existing volumes keep working.
 pub const DRIVER_NAME: &str = "ebs.csi.aws.com";
 
+/// The Node label in which the controller's metadata labeler gives the
+/// network interfaces attached to the node's instance (the Go driver's
+/// `ENIsLabel`, `pkg/metadata/labeler.go`: `<driver name>/enis-count`).
+pub const LABEL_ENIS: &str = "ebs.csi.aws.com/enis-count";
+
+/// The Node label in which the controller's metadata labeler gives the EBS
+/// volumes attached to the node's instance besides its root volume that no
+/// PersistentVolume of this driver, or of the in-tree `awsElasticBlockStore`,
+/// holds (the Go driver's `VolumesLabel`:
+/// `<driver name>/non-csi-ebs-volumes-count`).
+pub const LABEL_NON_CSI_VOLUMES: &str = "ebs.csi.aws.com/non-csi-ebs-volumes-count";
+
 /// Topology key written by the Go driver since its first release.
 pub const TOPOLOGY_KEY_ZONE: &str = "topology.ebs.csi.aws.com/zone";
 

@@ -13,7 +13,8 @@
 //! the zone as its topology, an attach limit), the agent removes the startup
 //! taint through the real API server and keeps the other, the agent reads
 //! its Node from outside the cluster with the cluster's kubeconfig
-//! (`--kubeconfig`), and the registrar's own probe passes. (The agent's
+//! (`--kubeconfig`), the controller's metadata labeler labels the Node
+//! holding its Lease, and the registrar's own probe passes. (The agent's
 //! retry of a taint patch that lost to another writer stays with the API
 //! stand-in, `node_metadata.rs`, which can make one.)
 
@@ -104,6 +105,34 @@ pub fn installs_the_standard_overlay(cluster: &Cluster, driver: &Driver) {
                 driver.instance
             )),
         "{outside:?}"
+    );
+
+    // The metadata labeler (sidecars.metadataLabeler.enabled): one of the
+    // two replicas holds its Lease and labels the Node from EC2, the
+    // instance's one interface and no volume besides the root.
+    let labels = || {
+        cluster.kubectl(&[
+            "get",
+            "node",
+            NODE_NAME,
+            "-o",
+            r"jsonpath={.metadata.labels.ebs\.csi\.aws\.com/enis-count} {.metadata.labels.ebs\.csi\.aws\.com/non-csi-ebs-volumes-count}",
+        ])
+    };
+    poll_until("the metadata labeler's labels", Duration::from_secs(60), || {
+        labels() == "1 0"
+    });
+    let holder = cluster.kubectl(&[
+        "get",
+        "lease",
+        "--namespace=kube-system",
+        "metadata-labeler-ebs.csi.aws.com",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    assert!(
+        holder.starts_with("ebs-csi-controller-") && names.split(' ').any(|name| name == holder),
+        "{holder} among {names}"
     );
 
     // The registrar's exec probe, as kubelet runs it.
