@@ -347,7 +347,7 @@ previous-helper:
 ## another Cargo.lock or another release profile the dependencies are built
 ## twice, the AWS SDK for EC2 too (a new machine's make test took 12 minutes
 ## more, docs/testing.md).
-PREVIOUS_PACKAGE_COMMIT := 4d50260245598a648ff9dc2ce9bdbe9afb5e7b00
+PREVIOUS_PACKAGE_COMMIT := 71ad8d58676746783ebebc6363c251fab8380fca
 PREVIOUS_PACKAGE_DIR := $(abspath $(TARGET_DIR))/previous-package/$(PREVIOUS_PACKAGE_COMMIT)
 previous-package: package-tools
 	@test "$$(git log -1 --format=%ct $(PREVIOUS_PACKAGE_COMMIT))" -lt "$$(git log -1 --format=%ct HEAD)" || { \
