@@ -105,7 +105,7 @@ impl NodeService {
     async fn stage(&self, r: NodeStageVolumeRequest) -> Result<NodeStageVolumeResponse, NodeError> {
         let volume_id = request::volume_id(&r.volume_id)?;
         let staging_path = request::required_path("staging_target_path", &r.staging_target_path)?;
-        request::whole_volume(&r.volume_context)?;
+        let partition = request::partition(&r.volume_context)?;
         let Access::Mount { fs_type, mount_flags } = request::capability(r.volume_capability.as_ref())? else {
             // Block volumes are published straight from the device.
             return Ok(NodeStageVolumeResponse {});
@@ -122,9 +122,11 @@ impl NodeService {
             &mount_flags,
             &format,
             device_path,
+            partition,
         );
         let _guard = self.guard(&volume_id, asked).await?;
-        let device = self.finder.wait(&volume_id, device_path, self.device_wait).await?;
+        let disk = self.finder.wait(&volume_id, device_path, self.device_wait).await?;
+        let device = request::on_partition(disk, partition);
         tracing::info!(%volume_id, device = %device.display(), staging_path, fs_type = fs_type.name(), "staging");
         self.helper
             .act(HelperRequest::Stage(StageRequest {
@@ -157,7 +159,7 @@ impl NodeService {
         let target_path = request::required_path("target_path", &r.target_path)?;
         let access = request::capability(r.volume_capability.as_ref())?;
         let staging_path = request::required_path("staging_target_path", &r.staging_target_path)?;
-        request::whole_volume(&r.volume_context)?;
+        let partition = request::partition(&r.volume_context)?;
         let device_path = device_path(&r.publish_context);
         let asked = (
             "NodePublishVolume",
@@ -166,16 +168,13 @@ impl NodeService {
             staging_path,
             r.readonly,
             device_path,
+            partition,
         );
         let _guard = self.guard(&volume_id, asked).await?;
         // The helper binds only what it proves to be this volume, so both
         // sources name the device.
-        let device = self
-            .finder
-            .wait(&volume_id, device_path, self.device_wait)
-            .await?
-            .to_string_lossy()
-            .into_owned();
+        let disk = self.finder.wait(&volume_id, device_path, self.device_wait).await?;
+        let device = request::on_partition(disk, partition).to_string_lossy().into_owned();
         let source = match access {
             Access::Mount { mount_flags, .. } => PublishSource::Staging {
                 volume_id: volume_id.clone(),
@@ -242,7 +241,10 @@ impl NodeService {
                 capacity_bytes: stats::to_i64(size),
             });
         }
-        tracing::info!(%volume_id, volume_path, "expanding");
+        // A volume staged from a partition grows (as far as the partition
+        // does) on that partition.
+        let device = stats::mounted_partition(&device, volume_path, self.finder.sys_dir()).unwrap_or(device);
+        tracing::info!(%volume_id, volume_path, device = %device.display(), "expanding");
         let size_bytes = self
             .helper
             .expand(ExpandRequest {

@@ -3,6 +3,7 @@
 //! cannot exist where the volume must ([`existing_volume_id`]: NOT_FOUND).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 
 use ebs_csi_helper_proto::{FormatOptions, FsType, VolumeId};
 use ebs_csi_proto::format_context;
@@ -134,21 +135,34 @@ pub fn format_options(context: &HashMap<String, String>) -> Result<FormatOptions
 /// is the whole volume.
 pub const PARTITION_KEY: &str = "partition";
 
-/// Refuses a `volume_context` that asks for a partition of the volume: the
-/// helper proves a device is the EBS volume named by the NVMe serial of the
-/// whole disk, and has no proof for one of its partitions; mounting the
-/// whole disk instead would not be what the volume's owner asked for.
+/// The partition of the volume `volume_context` names ([`PARTITION_KEY`]):
+/// `None` for the whole volume (no key, empty or `0`, as the Go driver
+/// reads it). The helper proves a partition by its disk's identity.
 ///
 /// # Errors
-/// INVALID_ARGUMENT naming the partition.
-pub fn whole_volume(context: &HashMap<String, String>) -> Result<(), NodeError> {
+/// INVALID_ARGUMENT when the value is not a partition number.
+pub fn partition(context: &HashMap<String, String>) -> Result<Option<u32>, NodeError> {
     match context.get(PARTITION_KEY).map(String::as_str) {
-        None | Some("" | "0") => Ok(()),
-        Some(partition) => Err(NodeError::InvalidArgument(format!(
-            "volume attribute partition={partition}: staging or publishing a partition of an EBS volume is not \
-             supported (the helper proves a device's identity by the whole disk's NVMe serial only); use the \
-             whole volume"
-        ))),
+        None | Some("" | "0") => Ok(None),
+        Some(value) => value.parse().map(Some).map_err(|_| {
+            NodeError::InvalidArgument(format!(
+                "volume attribute partition={value}: not a partition number (1, 2, …; 0 is the whole volume)"
+            ))
+        }),
+    }
+}
+
+/// The device to act on: `disk`, or its partition `partition` as the
+/// kernel names it, `<disk>p<N>` (every disk here, `nvmeXnY` or `loopN`,
+/// ends in a digit: `block/partitions/core.c`, `add_partition`).
+pub fn on_partition(disk: PathBuf, partition: Option<u32>) -> PathBuf {
+    match partition {
+        None => disk,
+        Some(number) => {
+            let mut name = disk.into_os_string();
+            name.push(format!("p{number}"));
+            name.into()
+        }
     }
 }
 
@@ -157,15 +171,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_partition_of_the_volume_is_refused() {
+    fn a_partition_is_named_by_its_number() {
+        use std::path::Path;
+
         let context = |value: &str| HashMap::from([(PARTITION_KEY.to_owned(), value.to_owned())]);
-        assert!(whole_volume(&HashMap::new()).is_ok());
-        assert!(whole_volume(&context("0")).is_ok());
-        assert!(whole_volume(&context("")).is_ok());
-        let Err(NodeError::InvalidArgument(message)) = whole_volume(&context("1")) else {
-            panic!("partition 1 accepted");
-        };
-        assert!(message.starts_with("volume attribute partition=1: "), "{message}");
+        for (value, expected) in [("0", None), ("", None), ("1", Some(1)), ("12", Some(12))] {
+            assert_eq!(partition(&context(value)).unwrap(), expected, "{value}");
+        }
+        assert_eq!(partition(&HashMap::new()).unwrap(), None);
+        for value in ["one", "-1", "1p"] {
+            let Err(NodeError::InvalidArgument(message)) = partition(&context(value)) else {
+                panic!("partition={value} accepted");
+            };
+            assert_eq!(
+                message,
+                format!("volume attribute partition={value}: not a partition number (1, 2, …; 0 is the whole volume)")
+            );
+        }
+        assert_eq!(
+            on_partition("/dev/nvme1n1".into(), Some(2)),
+            Path::new("/dev/nvme1n1p2")
+        );
+        assert_eq!(on_partition("/dev/loop3".into(), None), Path::new("/dev/loop3"));
     }
     use ebs_csi_proto::v1::volume_capability::{BlockVolume, MountVolume};
 

@@ -79,6 +79,19 @@ fn device_dir(mount: &MountEntry, sys_dir: &Path) -> std::path::PathBuf {
     }
 }
 
+/// The partition of `disk` mounted at `volume_path` (a volume staged with
+/// the `partition` attribute), as `/dev/<kernel name>`, its name
+/// `<disk>p<N>` from sysfs; `None` when what is mounted there is not a
+/// partition of `disk`.
+pub fn mounted_partition(disk: &Path, volume_path: &str, sys_dir: &Path) -> Option<std::path::PathBuf> {
+    let mounts = mountinfo::read().ok()?;
+    let mount = mounts.iter().rev().find(|m| m.mount_point == volume_path)?;
+    let name = std::fs::read_link(device_dir(mount, sys_dir)).ok()?;
+    let name = name.file_name()?.to_str()?;
+    let number = name.strip_prefix(disk.file_name()?.to_str()?)?.strip_prefix('p')?;
+    (!number.is_empty() && number.bytes().all(|b| b.is_ascii_digit())).then(|| disk.with_file_name(name))
+}
+
 fn to_proto(usage: Usage) -> Vec<VolumeUsage> {
     match usage {
         Usage::Filesystem {

@@ -1,7 +1,9 @@
 //! Proving that a block device is the EBS volume a request names, and
 //! keeping that proof bound to the one kernel object the helper then uses.
 //!
-//! The request must name the device as `/dev/<kernel name>`. The helper
+//! The request must name the device as `/dev/<kernel name>`: a whole disk,
+//! or a partition of one (the Go driver's `partition` volume attribute),
+//! which is proved by its disk's identity. The helper
 //! opens that name without following any symlink (`O_PATH`), learns its
 //! type from the fd before any blocking open, reopens the same inode
 //! through `/proc/self/fd/N` (`O_RDONLY | O_NONBLOCK | O_NOCTTY`), and
@@ -77,10 +79,8 @@ pub enum Refusal {
     /// all, so the answer tells nothing about what else is there.
     #[error("is not a block device node")]
     NotBlockDevice,
-    /// Step 3: a partition.
-    #[error("is a partition, not a whole disk")]
-    Partition,
-    /// Step 3: the node's device number belongs to another kernel name.
+    /// Step 3: the node's device number belongs to another kernel name,
+    /// or a partition's to another disk.
     #[error("the node is not the kernel's device of that name")]
     NameMismatch,
     /// Step 4: an NVMe controller that is not an EBS volume.
@@ -126,13 +126,14 @@ pub enum Refusal {
     Changed,
 }
 
-/// A whole-disk block device proved to be a given volume, held open.
-/// Clones share the one open file.
+/// A block device proved to be a given volume (the whole disk, or a
+/// partition of the disk proved), held open. Clones share the one open
+/// file.
 #[derive(Clone, Debug)]
 pub struct VerifiedDevice {
     /// The volume the device proved to be.
     pub volume_id: VolumeId,
-    /// The kernel's name for it, e.g. `nvme1n1` or `loop3`.
+    /// The kernel's name for it, e.g. `nvme1n1`, `loop3` or `nvme1n1p2`.
     pub name: String,
     /// Its device number.
     pub number: DeviceNumber,
@@ -171,14 +172,13 @@ impl VerifiedDevice {
     /// [`HelperError::DeviceRefused`] with [`Refusal::Changed`].
     pub fn reverify(&self) -> Result<(), HelperError> {
         let sysfs = sysfs_dir(self.number);
-        let same_disk = block_node(&self.path()).is_some_and(|(_, number)| number == self.number)
+        let same_device = block_node(&self.path()).is_some_and(|(_, number)| number == self.number)
             && sys::disk_sequence(self.fd()).is_ok_and(|seq| seq == self.disk_sequence)
-            && sysfs_disk_sequence(&sysfs) == self.disk_sequence
             && kernel_name(&sysfs).as_deref() == Some(self.name.as_str());
-        if same_disk && prove_identity(&self.volume_id, &self.name, self.fd(), &sysfs, &self.policy).is_ok() {
-            Ok(())
-        } else {
-            Err(self.refusal(Refusal::Changed))
+        let disk = disk_of(&self.name).unwrap_or(&self.name);
+        match disk_dir(&sysfs, &self.name).filter(|d| same_device && sysfs_disk_sequence(d) == self.disk_sequence) {
+            Some(d) if prove_identity(&self.volume_id, disk, self.fd(), &d, &self.policy).is_ok() => Ok(()),
+            _ => Err(self.refusal(Refusal::Changed)),
         }
     }
 
@@ -266,24 +266,28 @@ const STALLED_WAIT: Duration = Duration::from_secs(1);
 /// checks"):
 ///
 /// 1. `device` is `/dev/<name>` with `name` an NVMe namespace (`nvmeXnY`)
-///    or loop device (`loopN`) name;
+///    or loop device (`loopN`) name, or a partition's of one of them
+///    (`<disk>pN`, [`disk_of`]);
 /// 2. it opens with no symlink anywhere (`O_PATH`, `RESOLVE_NO_SYMLINKS`)
 ///    as a block device node; unless its number is in `stalled` for more
 ///    than [`STALLED_WAIT`] (a read of it outlived its request, and its
 ///    last close, which holds the disk's open mutex, waits for that read:
 ///    an open would wait as long), it is then opened for reading, through the same inode (`O_RDONLY |
 ///    O_NONBLOCK | O_NOCTTY`);
-/// 3. sysfs says the device number is a whole disk whose kernel name is
-///    `name`;
-/// 4. an NVMe namespace's Identify Controller, read through the fd, has
-///    the policy's vendor id and model and the volume id (without dash)
-///    as serial; a loop device (only with `allow_loop_devices`) has a
-///    backing file whose name contains the id;
+/// 3. sysfs says the device number's kernel name is `name`, and a
+///    partition's directory lies in its disk's;
+/// 4. an NVMe namespace's Identify Controller, read through the fd (a
+///    partition's reaches its disk's controller), has the policy's vendor
+///    id and model and the volume id (without dash) as serial; a loop
+///    device (only with `allow_loop_devices`) has a backing file whose
+///    name contains the id; a partition's disk sequence number
+///    (`BLKGETDISKSEQ` on its fd) is its disk's;
 /// 5. no device-mapper or md device holds the disk or a partition of it,
 ///    none of them is swap, and none is mounted where no volume of the
 ///    layout is (`mounts` holds every mount namespace the helper can see);
-///    where none is mounted at all, the disk opens exclusively (`O_EXCL`:
-///    not mounted in a namespace the helper cannot see, third audit A5).
+///    where none is mounted at all, the device opens exclusively (`O_EXCL`:
+///    not mounted in a namespace the helper cannot see, third audit A5; a
+///    partition does not while its disk is held).
 ///
 /// # Errors
 /// [`HelperError::DeviceRefused`] with the [`Refusal`] of the failed step,
@@ -302,15 +306,16 @@ pub fn verify(
     stalled.check_within(number, device, STALLED_WAIT)?;
     let file = open_node(&node, number).ok_or_else(|| refuse(Refusal::NotBlockDevice))?;
     let sysfs = sysfs_dir(number);
-    if sysfs.join("partition").exists() {
-        return Err(refuse(Refusal::Partition));
-    }
-    if kernel_name(&sysfs).as_deref() != Some(name) {
+    let disk = disk_of(name).unwrap_or(name);
+    let disk_sysfs = disk_dir(&sysfs, name)
+        .filter(|_| kernel_name(&sysfs).as_deref() == Some(name))
+        .ok_or_else(|| refuse(Refusal::NameMismatch))?;
+    let disk_sequence = sys::disk_sequence(file.as_fd()).map_err(|_| refuse(Refusal::NotBlockDevice))?;
+    if sysfs_disk_sequence(&disk_sysfs) != disk_sequence {
         return Err(refuse(Refusal::NameMismatch));
     }
-    let disk_sequence = sys::disk_sequence(file.as_fd()).map_err(|_| refuse(Refusal::NotBlockDevice))?;
-    prove_identity(volume_id, name, file.as_fd(), &sysfs, policy).map_err(refuse)?;
-    let in_use = InUse::of(name, number, &sysfs);
+    prove_identity(volume_id, disk, file.as_fd(), &disk_sysfs, policy).map_err(refuse)?;
+    let in_use = InUse::of(disk, &disk_sysfs);
     if let Some(reason) = in_use.by_the_host(roots, mounts) {
         return Err(refuse(reason));
     }
@@ -333,21 +338,32 @@ pub fn verify(
 pub fn kernel_name_of(device: &str) -> Option<&str> {
     device
         .strip_prefix("/dev/")
-        .filter(|name| DeviceKind::of(name).is_some())
+        .filter(|name| DeviceKind::of(disk_of(name).unwrap_or(name)).is_some())
 }
 
-/// Refuses a device that is published as a raw block device: its node
-/// bind-mounted onto a file (a mount of `/dev`'s devtmpfs, or a
+/// The disk's name in `name` when `name` is a partition's: `nvme1n1` in
+/// `nvme1n1p2`, `None` in `loop3`. The kernel names partition N of a disk
+/// whose name ends in a digit `<disk>p<N>`, N from 1 without a leading zero
+/// (`block/partitions/core.c`, `add_partition`).
+pub fn disk_of(name: &str) -> Option<&str> {
+    let (disk, number) = name.rsplit_once('p')?;
+    let canonical = !number.starts_with(['0', '+']) && number.parse::<u32>().is_ok();
+    (canonical && DeviceKind::of(disk).is_some()).then_some(disk)
+}
+
+/// Refuses a device that is published as a raw block device (or whose
+/// disk is, for a partition): its node bind-mounted onto a file (a mount of `/dev`'s devtmpfs, or a
 /// container's tmpfs `/dev`, whose root is `/<name>`).
 /// Formatting it could destroy what a pod writes there.
 ///
 /// # Errors
 /// [`HelperError::DeviceRefused`] with [`Refusal::PublishedRaw`].
 pub fn refuse_if_published_raw(device: &VerifiedDevice, mounts: &[MountEntry]) -> Result<(), HelperError> {
-    let root = format!("/{}", device.name);
+    let disk = disk_of(&device.name).unwrap_or(&device.name);
+    let roots = [&device.name, disk].map(|name| format!("/{name}"));
     if mounts
         .iter()
-        .any(|m| matches!(m.fs_type.as_str(), "devtmpfs" | "tmpfs") && m.root == root)
+        .any(|m| matches!(m.fs_type.as_str(), "devtmpfs" | "tmpfs") && roots.contains(&m.root))
     {
         return Err(device.refusal(Refusal::PublishedRaw));
     }
@@ -374,7 +390,7 @@ pub fn refuse_if_mounted(
 
 /// The device numbers of `device` and of its partitions (from sysfs).
 pub fn numbers_of(device: &VerifiedDevice) -> Vec<DeviceNumber> {
-    InUse::of(&device.name, device.number, &sysfs_dir(device.number)).numbers
+    InUse::of(&device.name, &sysfs_dir(device.number)).numbers
 }
 
 /// [`HelperError::DeviceRefused`] of `device` for `volume_id`, for `reason`.
@@ -488,19 +504,15 @@ struct InUse {
 }
 
 impl InUse {
-    fn of(name: &str, number: DeviceNumber, sysfs: &Path) -> Self {
+    fn of(name: &str, sysfs: &Path) -> Self {
         let mut in_use = Self {
             names: vec![name.to_owned()],
-            numbers: vec![number],
+            numbers: device_number(sysfs).into_iter().collect(),
             holders: has_holders(sysfs),
         };
         for partition in partitions(sysfs) {
             in_use.holders |= has_holders(&partition);
-            in_use.numbers.extend(
-                std::fs::read_to_string(partition.join("dev"))
-                    .ok()
-                    .and_then(|d| parse_dev(&d)),
-            );
+            in_use.numbers.extend(device_number(&partition));
             in_use
                 .names
                 .extend(partition.file_name().and_then(|n| n.to_str()).map(str::to_owned));
@@ -571,6 +583,24 @@ fn kernel_name(sysfs: &Path) -> Option<String> {
     target.file_name()?.to_str().map(str::to_owned)
 }
 
+/// The sysfs directory of the disk of the device `name` whose directory is
+/// `sysfs`: `sysfs` itself for a whole disk, the directory it lies in for
+/// a partition (`/sys/block/<disk>/<partition>`), which must be the disk's
+/// that `name` names.
+fn disk_dir(sysfs: &Path, name: &str) -> Option<PathBuf> {
+    let Some(disk) = disk_of(name) else {
+        return Some(sysfs.to_owned());
+    };
+    let real = std::fs::canonicalize(sysfs).ok()?;
+    let parent = real.parent()?;
+    (parent.file_name()? == disk).then(|| parent.to_owned())
+}
+
+/// The device number sysfs gives in `<dir>/dev`.
+fn device_number(sysfs: &Path) -> Option<DeviceNumber> {
+    parse_dev(&std::fs::read_to_string(sysfs.join("dev")).ok()?)
+}
+
 /// sysfs `diskseq` of the disk the device number names now; `None` where
 /// the kernel has none (before 5.15), matching `BLKGETDISKSEQ`'s `None`.
 fn sysfs_disk_sequence(sysfs: &Path) -> Option<u64> {
@@ -618,6 +648,27 @@ mod tests {
             let kind = DeviceKind::of(name);
             assert_eq!(matches!(kind, Some(DeviceKind::NvmeNamespace)), nvme, "{name}");
             assert_eq!(matches!(kind, Some(DeviceKind::Loop)), looped, "{name}");
+        }
+    }
+
+    /// A partition's name is its disk's with `p<N>`, N from 1 without a
+    /// leading zero, as the kernel writes it; anything else is a whole
+    /// name (and refused unless it is a disk's).
+    #[test]
+    fn names_a_partitions_disk() {
+        for (name, disk) in [
+            ("nvme1n1p2", Some("nvme1n1")),
+            ("loop7p15", Some("loop7")),
+            ("nvme1n1", None),
+            ("loop7", None),
+            ("loop7p0", None),
+            ("loop7p01", None),
+            ("loop7p+1", None),
+            ("nvme1n1p", None),
+            ("sdap1", None),
+            ("nvme1n1p2p3", None),
+        ] {
+            assert_eq!(disk_of(name), disk, "{name}");
         }
     }
 
@@ -676,10 +727,14 @@ mod tests {
             ("/dev/../dev/loop0", Refusal::NotKernelName),
             ("/dev/null", Refusal::NotKernelName),
             ("/dev/sda", Refusal::NotKernelName),
-            ("/dev/loop0p1", Refusal::NotKernelName),
+            ("/dev/loop0p0", Refusal::NotKernelName),
+            ("/dev/loop0p01", Refusal::NotKernelName),
+            ("/dev/nvme0n1p", Refusal::NotKernelName),
             ("dev/loop0", Refusal::NotKernelName),
             ("/dev/loop987654", Refusal::NotBlockDevice),
+            ("/dev/loop987654p1", Refusal::NotBlockDevice),
             ("/dev/nvme98n1", Refusal::NotBlockDevice),
+            ("/dev/nvme98n1p2", Refusal::NotBlockDevice),
         ] {
             let error = verify(&volume, device, &policy, &roots, &[], &Claims::default()).unwrap_err();
             assert_eq!(error, refused(device, &volume, reason), "{device}");

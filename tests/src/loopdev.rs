@@ -33,6 +33,48 @@ impl LoopVolume {
         }
     }
 
+    /// Creates a `size_mib` MiB sparse file holding a GPT with one
+    /// partition of each of `partitions_mib` MiB (from the first MiB on,
+    /// `sfdisk` writing the file) and attaches a loop device that scans it
+    /// (`losetup -P`): the volume and, once the kernel made them, its
+    /// partitions' nodes `<device>p1`, `<device>p2`, ….
+    pub fn partitioned(dir: &Path, volume_id: &str, size_mib: u64, partitions_mib: &[u64]) -> (Self, Vec<PathBuf>) {
+        let file = dir.join(format!("{volume_id}.img"));
+        std::fs::File::create(&file)
+            .and_then(|f| f.set_len(size_mib << 20))
+            .expect("backing file");
+        let table: String = partitions_mib.iter().map(|mib| format!(",{mib}M\n")).collect();
+        let mut sfdisk = Command::new("sfdisk")
+            .arg("-q")
+            .arg(&file)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("sfdisk");
+        std::io::Write::write_all(
+            &mut sfdisk.stdin.take().expect("stdin"),
+            format!("label: gpt\n{table}").as_bytes(),
+        )
+        .expect("the partition table");
+        assert!(sfdisk.wait().expect("sfdisk").success(), "sfdisk");
+        let device = attach(&file, &["-P"]);
+        let partitions: Vec<PathBuf> = (1..=partitions_mib.len())
+            .map(|n| PathBuf::from(format!("{}p{n}", device.display())))
+            .collect();
+        if !partitions.iter().all(|p| p.exists()) {
+            // The kernel's scan at attach can miss the table: add it explicitly.
+            let _ = Command::new("partx").arg("-a").arg(&device).status();
+        }
+        crate::wait_until("the partitions' nodes", std::time::Duration::from_secs(5), || {
+            partitions.iter().all(|p| p.exists())
+        });
+        let volume = Self {
+            volume_id: volume_id.to_owned(),
+            file,
+            device,
+        };
+        (volume, partitions)
+    }
+
     /// Attaches a loop device over an existing backing file.
     pub fn attach_file(volume_id: &str, file: &Path) -> Self {
         Self {
@@ -148,18 +190,24 @@ impl Drop for LoopVolume {
     }
 }
 
-/// Unmounts (lazily) every bind of the device node `device` in this mount
-/// namespace: a mount of a devtmpfs or tmpfs whose root is `/<name>`, as
-/// the helper finds them.
+/// Unmounts (lazily) every bind of the device node `device` or of a
+/// partition's (`<device>pN`) in this mount namespace: a mount of a
+/// devtmpfs or tmpfs whose root is `/<name>`, as the helper finds them.
 fn unmount_binds_of(device: &Path) {
     let Some(name) = device.file_name().and_then(|n| n.to_str()) else {
         return;
     };
     let root = format!("/{name}");
+    let is_this_device = |m: &ebs_csi_linux::mountinfo::MountEntry| {
+        m.root == root
+            || m.root
+                .strip_prefix(&format!("{root}p"))
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+    };
     for bind in ebs_csi_linux::mountinfo::read()
         .unwrap_or_default()
         .into_iter()
-        .filter(|m| matches!(m.fs_type.as_str(), "devtmpfs" | "tmpfs") && m.root == root)
+        .filter(|m| matches!(m.fs_type.as_str(), "devtmpfs" | "tmpfs") && is_this_device(m))
     {
         let _ = rustix::mount::unmount(bind.mount_point.as_str(), rustix::mount::UnmountFlags::DETACH);
     }

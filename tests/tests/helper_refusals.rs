@@ -127,51 +127,6 @@ fn refuses_devices_that_are_not_the_volume() {
             device_refused,
         );
     }
-    // A partition of a loop device whose backing file names the volume.
-    let partitioned = LoopVolume::create(sandbox.path(), "vol-0ccccccccccccccc3", 64);
-    let partitioned_staging = sandbox.staging("vol-0ccccccccccccccc3");
-    let mut sfdisk = std::process::Command::new("sfdisk")
-        .arg("-q")
-        .arg(&partitioned.device)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    sfdisk.stdin.take().unwrap().write_all(b"label: gpt\n,\n").unwrap();
-    assert!(sfdisk.wait().unwrap().success());
-    let parted = partitioned.attach_extra(&["-P"]);
-    // This kernel's automatic scan may miss the table: add it explicitly.
-    let _ = std::process::Command::new("partx").arg("-a").arg(&parted).status();
-    let partition = Path::new(&format!("{}p1", parted.display())).to_path_buf();
-    ebs_csi_tests::wait_until("partition device", std::time::Duration::from_secs(5), || {
-        partition.exists()
-    });
-    assert_refused(
-        &helper,
-        &partitioned,
-        stage_request(
-            "vol-0ccccccccccccccc3",
-            &partition,
-            &partitioned_staging,
-            FsType::Ext4,
-            &[],
-        ),
-        device_refused,
-    );
-    // The whole partitioned disk is never formatted either.
-    assert_refused(
-        &helper,
-        &partitioned,
-        stage_request(
-            "vol-0ccccccccccccccc3",
-            &parted,
-            &partitioned_staging,
-            FsType::Ext4,
-            &[],
-        ),
-        |e| matches!(e, HelperError::FilesystemMismatch { .. }),
-    );
-    assert!(partitioned.signature().contains("PTTYPE=gpt"));
-    run("losetup", &["-d", &parted.to_string_lossy()]);
 }
 
 #[test]

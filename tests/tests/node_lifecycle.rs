@@ -450,6 +450,79 @@ async fn expand_grows_the_filesystem_online() {
     }
 }
 
+/// The Go driver's `partition` volume attribute (a static PV of a
+/// partitioned volume): Stage and Publish act on that partition of the
+/// volume, Expand and VolumeStats find it mounted; a value that is not a
+/// partition number is refused before anything happens.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not_root, ignore = "needs root: loop devices, mounts, the helper")]
+async fn the_partition_attribute_stages_and_publishes_that_partition() {
+    require_root();
+    let volume_id = "vol-0aaaaaaaaaaaaaac9";
+    let mut node = Node::start(volume_id).await;
+    let (volume, partitions) = LoopVolume::partitioned(node.sandbox.path(), volume_id, 64, &[32]);
+    node.sandbox.link_ebs_device(&volume);
+    let cap = mount("ext4", Mode::SingleNodeWriter);
+    let context = |partition: &str| HashMap::from([("partition".to_owned(), partition.to_owned())]);
+    let stage = |partition: &str| NodeStageVolumeRequest {
+        volume_id: volume_id.into(),
+        staging_target_path: path(&node.staging),
+        volume_capability: Some(cap.clone()),
+        volume_context: context(partition),
+        ..Default::default()
+    };
+    let mounts = mounts_under(node.sandbox.path());
+    let refused = node.client.node_stage_volume(stage("first")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert_eq!(
+        refused.message(),
+        "volume attribute partition=first: not a partition number (1, 2, …; 0 is the whole volume)"
+    );
+    assert_eq!(mounts_under(node.sandbox.path()), mounts);
+    node.client.node_stage_volume(stage("1")).await.unwrap();
+    let partition = ebs_csi_tests::guest::device_number(&partitions[0]);
+    assert_eq!(ebs_csi_tests::guest::mounted_device(&node.staging), partition);
+    assert_eq!(volume.signature(), "PTTYPE=gpt");
+    let publish = NodePublishVolumeRequest {
+        volume_id: volume_id.into(),
+        staging_target_path: path(&node.staging),
+        target_path: path(&node.target),
+        volume_capability: Some(cap.clone()),
+        volume_context: context("1"),
+        ..Default::default()
+    };
+    node.client.node_publish_volume(publish).await.unwrap();
+    assert_eq!(ebs_csi_tests::guest::mounted_device(&node.target), partition);
+    let expand = NodeExpandVolumeRequest {
+        volume_id: volume_id.into(),
+        volume_path: path(&node.target),
+        staging_target_path: path(&node.staging),
+        volume_capability: Some(cap),
+        ..Default::default()
+    };
+    let expanded = node.client.node_expand_volume(expand).await.unwrap().into_inner();
+    assert_eq!(expanded.capacity_bytes, 32 << 20);
+    let stats = NodeGetVolumeStatsRequest {
+        volume_id: volume_id.into(),
+        volume_path: path(&node.target),
+        staging_target_path: path(&node.staging),
+    };
+    let usage = node
+        .client
+        .node_get_volume_stats(stats)
+        .await
+        .unwrap()
+        .into_inner()
+        .usage;
+    let bytes = usage
+        .iter()
+        .find(|u| u.unit == volume_usage::Unit::Bytes as i32)
+        .unwrap();
+    assert!((24 << 20..=32 << 20).contains(&bytes.total), "{bytes:?}");
+    node.unpublish(volume_id).await.unwrap();
+    node.unstage(volume_id).await.unwrap();
+}
+
 /// Nomad calls NodeStageVolume with its own deadline and, on a timeout,
 /// calls again with the same request; ABORTED it takes as final and fails
 /// the allocation (DESIGN.md §6). So the same request waits for the one in

@@ -64,6 +64,7 @@ async fn main() {
     a_disk_whose_partition_is_held_is_in_use();
     node_identity_from_dmi(&mut node).await;
     no_performance_statistics_page();
+    a_partition_of_the_volume_is_staged(&mut node).await;
     for child in [&mut agent, &mut helper] {
         let _ = child.kill();
         let _ = child.wait();
@@ -453,6 +454,29 @@ fn no_performance_statistics_page() {
         10,
         &format!("{device}: no log page 0xD0 (NVMe status 0x4002); /metrics without volume series"),
     );
+}
+
+/// 11. The Go driver's `partition` volume attribute: the agent stages
+///     partition 1 of scenario 8's disk (its device-mapper hold gone), and
+///     the helper proves it by Identify Controller read through the
+///     partition's own descriptor, which reaches its disk's controller.
+async fn a_partition_of_the_volume_is_staged(node: &mut NodeClient<Channel>) {
+    let volume = "vol-08888888888888888";
+    let (_, disk) = wait_for_disk(&serial(volume), Duration::ZERO).unwrap();
+    let partition = PathBuf::from(format!("{}p1", disk.display()));
+    let staging = make_staging(volume);
+    node.node_stage_volume(NodeStageVolumeRequest {
+        volume_id: volume.into(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: mount_capability("ext4"),
+        volume_context: [("partition".to_owned(), "1".to_owned())].into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(mounted_device(&staging), device_number(&partition));
+    unstage(node, volume, &staging).await;
+    report(11, &format!("{volume}: partition 1 staged as {}", partition.display()));
 }
 
 fn first_mib(device: &Path) -> Vec<u8> {
