@@ -61,12 +61,18 @@ pub async fn run<E: Ec2>(api: &ApiClient, ec2: Arc<E>, lease: &Lease<'_>) -> Los
 
 /// Every Node labeled now and every [`INTERVAL`], the Nodes without the
 /// labels every [`NEW_NODES`]; a pass that fails is logged, and the next
-/// tries again.
+/// tries again. An instance EC2 does not know (the Node of a terminated
+/// instance, until it is deleted) is asked about again only in the next
+/// pass over every Node, as the Go driver's informer asks once per Node.
 async fn label_forever<E: Ec2>(api: &ApiClient, ec2: &E) -> std::convert::Infallible {
     let mut every_node_labeled: Option<Instant> = None;
+    let mut unknown = HashSet::new();
     loop {
         let every_node = every_node_labeled.is_none_or(|at| at.elapsed() >= INTERVAL);
-        match label(api, ec2, every_node).await {
+        if every_node {
+            unknown.clear();
+        }
+        match label(api, ec2, every_node, &mut unknown).await {
             Ok(labeled) => {
                 if every_node {
                     every_node_labeled = Some(Instant::now());
@@ -82,12 +88,18 @@ async fn label_forever<E: Ec2>(api: &ApiClient, ec2: &E) -> std::convert::Infall
 }
 
 /// One pass over every Node, or with `every_node` false over the Nodes
-/// without [`LABEL_ENIS`]: how many Nodes' labels it changed. A Node whose
-/// patch fails is named in a warning and the pass goes on.
+/// without [`LABEL_ENIS`]: how many Nodes' labels it changed. Instances in
+/// `unknown` are not asked about; those EC2 does not return join it. A
+/// Node whose patch fails is named in a warning and the pass goes on.
 ///
 /// # Errors
 /// A list or DescribeInstances that failed.
-async fn label<E: Ec2>(api: &ApiClient, ec2: &E, every_node: bool) -> Result<usize, LabelerError> {
+async fn label<E: Ec2>(
+    api: &ApiClient,
+    ec2: &E,
+    every_node: bool,
+    unknown: &mut HashSet<String>,
+) -> Result<usize, LabelerError> {
     let nodes = match every_node {
         true => api.list("/api/v1/nodes").await?,
         false => api.list(&format!("/api/v1/nodes?labelSelector=!{LABEL_ENIS}")).await?,
@@ -96,7 +108,9 @@ async fn label<E: Ec2>(api: &ApiClient, ec2: &E, every_node: bool) -> Result<usi
         .iter()
         .filter_map(|node| Some((node, ebs_csi_kube::instance_id(node["spec"]["providerID"].as_str()?)?)))
         .collect();
-    if nodes.is_empty() {
+    let ids = nodes.iter().map(|(_, id)| (*id).to_owned()).collect();
+    let instances = describe(ec2, ids, unknown).await?;
+    if instances.is_empty() {
         return Ok(0);
     }
     let held: HashSet<String> = api
@@ -105,13 +119,6 @@ async fn label<E: Ec2>(api: &ApiClient, ec2: &E, every_node: bool) -> Result<usi
         .iter()
         .filter_map(held_volume)
         .collect();
-    let mut instances = HashMap::new();
-    let ids: Vec<String> = nodes.iter().map(|(_, id)| (*id).to_owned()).collect();
-    for chunk in ids.chunks(INSTANCES_PER_CALL) {
-        for instance in ec2.describe_instances(chunk.to_vec()).await? {
-            instances.insert(instance.id.clone(), instance);
-        }
-    }
     let mut labeled = 0;
     for (node, instance_id) in nodes {
         let Some(instance) = instances.get(instance_id) else {
@@ -133,6 +140,30 @@ async fn label<E: Ec2>(api: &ApiClient, ec2: &E, every_node: bool) -> Result<usi
         }
     }
     Ok(labeled)
+}
+
+/// The instances of `ids` EC2 knows, by id, asked for [`INSTANCES_PER_CALL`]
+/// at a time, except those in `unknown`; the ids EC2 does not return join
+/// `unknown`.
+///
+/// # Errors
+/// A DescribeInstances that failed.
+async fn describe<E: Ec2>(
+    ec2: &E,
+    ids: Vec<String>,
+    unknown: &mut HashSet<String>,
+) -> Result<HashMap<String, Instance>, Ec2Error> {
+    let ids: Vec<String> = ids.into_iter().filter(|id| !unknown.contains(id)).collect();
+    let mut instances = HashMap::new();
+    // No ids, no call (DescribeInstances without ids describes every
+    // instance): `chunks` of an empty slice yields none.
+    for chunk in ids.chunks(INSTANCES_PER_CALL) {
+        for instance in ec2.describe_instances(chunk.to_vec()).await? {
+            instances.insert(instance.id.clone(), instance);
+        }
+    }
+    unknown.extend(ids.into_iter().filter(|id| !instances.contains_key(id)));
+    Ok(instances)
 }
 
 /// The labels of a Node whose instance is `instance`: its network
@@ -160,6 +191,7 @@ fn held_volume(pv: &Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ec2::model::{Behaviour, Model};
 
     #[test]
     fn counts_interfaces_and_the_volumes_no_volume_of_kubernetes_holds() {
@@ -182,6 +214,37 @@ mod tests {
             ..instance
         };
         assert_eq!(labels(&none, &HashSet::new())[LABEL_ENIS], "1");
+    }
+
+    /// An instance EC2 does not return (a terminated instance whose Node
+    /// lingers) is not asked about again until `unknown` is cleared, at
+    /// the next pass over every Node.
+    #[tokio::test]
+    async fn an_instance_ec2_does_not_know_is_asked_about_once() {
+        let ec2 = Model::new(Behaviour::default());
+        ec2.add_instance("i-0aaaaaaaaaaaaaaa1", "eu-west-1a");
+        let ids = || vec!["i-0aaaaaaaaaaaaaaa1".to_owned(), "i-0ffffffffffffff99".to_owned()];
+        let mut unknown = HashSet::new();
+        let found = describe(&ec2, ids(), &mut unknown).await.unwrap();
+        assert_eq!(found.keys().collect::<Vec<_>>(), ["i-0aaaaaaaaaaaaaaa1"]);
+        assert_eq!(unknown, HashSet::from(["i-0ffffffffffffff99".to_owned()]));
+        assert_eq!(
+            describe(&ec2, vec!["i-0ffffffffffffff99".to_owned()], &mut unknown)
+                .await
+                .unwrap()
+                .len(),
+            0
+        );
+        describe(&ec2, ids(), &mut unknown).await.unwrap();
+        assert_eq!(
+            ec2.calls("DescribeInstances"),
+            2,
+            "the known instance is asked about again"
+        );
+        unknown.clear();
+        describe(&ec2, ids(), &mut unknown).await.unwrap();
+        assert_eq!(ec2.calls("DescribeInstances"), 3);
+        assert_eq!(unknown.len(), 1);
     }
 
     #[test]
