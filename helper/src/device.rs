@@ -83,6 +83,10 @@ pub enum Refusal {
     /// or a partition's to another disk.
     #[error("the node is not the kernel's device of that name")]
     NameMismatch,
+    /// Step 3: a partition that shares sectors with another of its disk's
+    /// (a table made so that writing one writes the other).
+    #[error("overlaps another partition of its disk")]
+    Overlapping,
     /// Step 4: an NVMe controller that is not an EBS volume.
     #[error("the NVMe controller is not an EBS volume")]
     NotEbs,
@@ -314,6 +318,9 @@ pub fn verify(
     if sysfs_disk_sequence(&disk_sysfs) != disk_sequence {
         return Err(refuse(Refusal::NameMismatch));
     }
+    if disk != name && overlaps_another(&sysfs, &disk_sysfs) {
+        return Err(refuse(Refusal::Overlapping));
+    }
     prove_identity(volume_id, disk, file.as_fd(), &disk_sysfs, policy).map_err(refuse)?;
     let in_use = InUse::of(disk, &disk_sysfs);
     if let Some(reason) = in_use.by_the_host(roots, mounts) {
@@ -388,9 +395,14 @@ pub fn refuse_if_mounted(
     Ok(())
 }
 
-/// The device numbers of `device` and of its partitions (from sysfs).
+/// The device numbers of the block devices whose sectors `device`'s are
+/// (from sysfs): a disk's and its partitions', or a partition's and its
+/// disk's (a disk's own comes twice).
 pub fn numbers_of(device: &VerifiedDevice) -> Vec<DeviceNumber> {
-    InUse::of(&device.name, &sysfs_dir(device.number)).numbers
+    let sysfs = sysfs_dir(device.number);
+    let mut numbers = InUse::of(&device.name, &sysfs).numbers;
+    numbers.extend(disk_dir(&sysfs, &device.name).and_then(|disk| device_number(&disk)));
+    numbers
 }
 
 /// [`HelperError::DeviceRefused`] of `device` for `volume_id`, for `reason`.
@@ -594,6 +606,26 @@ fn disk_dir(sysfs: &Path, name: &str) -> Option<PathBuf> {
     let real = std::fs::canonicalize(sysfs).ok()?;
     let parent = real.parent()?;
     (parent.file_name()? == disk).then(|| parent.to_owned())
+}
+
+/// Whether the partition whose sysfs directory is `sysfs` shares a sector
+/// with another partition of the disk at `disk_sysfs` (their `start` and
+/// `size`, in 512-byte sectors, block/partitions/core.c); unreadable
+/// counts as shared.
+fn overlaps_another(sysfs: &Path, disk_sysfs: &Path) -> bool {
+    let sectors = |dir: &Path| {
+        let read = |name| std::fs::read_to_string(dir.join(name)).ok()?.trim().parse::<u64>().ok();
+        let start = read("start")?;
+        Some(start..start.checked_add(read("size")?)?)
+    };
+    let (own, number) = (sectors(sysfs), device_number(sysfs));
+    partitions(disk_sysfs)
+        .iter()
+        .filter(|p| device_number(p) != number)
+        .any(|other| match (&own, sectors(other)) {
+            (Some(own), Some(other)) => own.start < other.end && other.start < own.end,
+            _ => true,
+        })
 }
 
 /// The device number sysfs gives in `<dir>/dev`.

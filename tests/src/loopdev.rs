@@ -61,7 +61,8 @@ impl LoopVolume {
             .map(|n| PathBuf::from(format!("{}p{n}", device.display())))
             .collect();
         if !partitions.iter().all(|p| p.exists()) {
-            // The kernel's scan at attach can miss the table: add it explicitly.
+            // A kernel without partition parsers (this machine's) scans
+            // nothing at attach: add them explicitly.
             let _ = Command::new("partx").arg("-a").arg(&device).status();
         }
         crate::wait_until("the partitions' nodes", std::time::Duration::from_secs(5), || {

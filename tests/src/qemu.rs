@@ -1,7 +1,7 @@
 //! The host side of the QEMU test VMs (`tests/tests/nvme_vm.rs`,
 //! `tests/tests/systemd_vm.rs`): QEMU started with a QMP socket, and the
 //! console protocol the guest drivers speak. A guest prints
-//! `@@PLUG <id> <serial> [data|ext4-half|ext4-eio]` and `@@UNPLUG <id>` for the host
+//! `@@PLUG <id> <serial> [data|ext4-half|ext4-eio|mbr-overlap]` and `@@UNPLUG <id>` for the host
 //! to hot-plug or unplug an emulated NVMe disk through QMP, one
 //! `@@SCENARIO <n> ok: …` line per scenario, `@@INFO` and `@@TIME` lines
 //! for the report, and `@@EXIT <status>` last.
@@ -303,7 +303,8 @@ fn stop(vm: &mut Child) {
 
 /// The QMP `file` node for a hot-plugged disk `id`: an empty image, one
 /// holding a data pattern over its first MiB (`data`), one with an ext4
-/// filesystem over its first half (`ext4-half`), or an ext4 image
+/// filesystem over its first half (`ext4-half`), one whose partitions
+/// share sectors (`mbr-overlap`, [`overlapping_mbr`]), or an ext4 image
 /// whose reads of sector 0 fail with EIO (`ext4-eio`, QEMU's blkdebug on
 /// the raw driver's `read_aio` event; returned with its UUID).
 fn backing_file(dir: &Path, id: &str, contents: &[&str]) -> (String, Option<(PathBuf, String)>) {
@@ -326,6 +327,10 @@ fn backing_file(dir: &Path, id: &str, contents: &[&str]) -> (String, Option<(Pat
             run("mkfs.ext4", &["-q", "-F", &image.to_string_lossy(), &half]);
             (file, None)
         }
+        ["mbr-overlap"] => {
+            overlapping_mbr(&image);
+            (file, None)
+        }
         ["ext4-eio"] => {
             run("mkfs.ext4", &["-q", "-F", &image.to_string_lossy()]);
             let uuid = uuid(&image);
@@ -338,6 +343,25 @@ fn backing_file(dir: &Path, id: &str, contents: &[&str]) -> (String, Option<(Pat
         }
         _ => (file, None),
     }
+}
+
+/// Writes into `image` an MBR (DOS) table of two Linux partitions that
+/// share sectors — 16 MiB from 1 MiB, and 16 MiB from 8 MiB — as its bytes:
+/// libfdisk's tools and the kernel's `BLKPG` refuse partitions that
+/// overlap, the kernel's partition parser (block/partitions/msdos.c) takes
+/// them when it scans a disk.
+pub fn overlapping_mbr(image: &Path) {
+    use std::os::unix::fs::FileExt;
+    let mut sector = [0u8; 512];
+    for (n, (start, sectors)) in [(2048u32, 32768u32), (16384, 32768)].into_iter().enumerate() {
+        let entry = &mut sector[446 + 16 * n..446 + 16 * (n + 1)];
+        entry[4] = 0x83;
+        entry[8..12].copy_from_slice(&start.to_le_bytes());
+        entry[12..16].copy_from_slice(&sectors.to_le_bytes());
+    }
+    sector[510..].copy_from_slice(&[0x55, 0xAA]);
+    let file = std::fs::OpenOptions::new().write(true).open(image).unwrap();
+    file.write_all_at(&sector, 0).unwrap();
 }
 
 /// The UUID of the filesystem in an image file (`blkid -p`).

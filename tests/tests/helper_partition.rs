@@ -2,7 +2,9 @@
 //! attribute): proved by its disk's identity, it is staged, published,
 //! measured and grown on itself alone, and refused where its disk is not
 //! the volume or it is not there. Loop devices stand in for EBS volumes
-//! (the NVMe VM's scenario 11 stages an NVMe partition through the agent).
+//! (the NVMe VM's scenario 11 stages an NVMe partition through the agent;
+//! its scenario 12 refuses partitions that share sectors, which this
+//! machine's kernel, without partition parsers, cannot make).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

@@ -48,7 +48,7 @@ fn nvme_scenarios_in_a_vm() {
     let mut report = outcome.scenarios.clone();
     report.push(format!("VM suite: {:.1} s", outcome.took.as_secs_f64()));
     std::fs::write(vm_dir.join("report.txt"), report.join("\n") + "\n").unwrap();
-    outcome.assert_passed(11);
+    outcome.assert_passed(12);
     for (image, before) in &outcome.unreadable {
         assert_eq!(
             &qemu::uuid(image),

@@ -3,7 +3,7 @@
 //!
 //! The VM boots with three emulated NVMe disks whose serials are EBS-style
 //! (`BOOT_VOLUMES`); more are hot-plugged on request. The guest talks to
-//! the host over its console: it prints `@@PLUG <id> <serial> [data|ext4-eio]` and
+//! the host over its console: it prints `@@PLUG <id> <serial> [data|ext4-half|ext4-eio|mbr-overlap]` and
 //! `@@UNPLUG <id>` for the host to act on through QMP, and one
 //! `@@SCENARIO <n> ok: …` line per scenario. Any failure panics, which
 //! `/init` reports as a non-zero `@@EXIT`.
@@ -31,7 +31,7 @@ use ebs_csi_test_guest::guest::{
     INSTANCE_ID, INSTANCE_TYPE, device_number, find_controller, mount_capability, mount_type, mounted_device, report,
     serial, volume_stats, wait_for_disk,
 };
-use ebs_csi_test_guest::{AGENT_UID, channel, run_as, stage_request};
+use ebs_csi_test_guest::{AGENT_UID, channel, publish_device, run_as, stage_request};
 use tonic::transport::Channel;
 
 /// The disks QEMU starts with (`tests/tests/nvme_vm.rs` passes the same).
@@ -65,6 +65,7 @@ async fn main() {
     node_identity_from_dmi(&mut node).await;
     no_performance_statistics_page();
     a_partition_of_the_volume_is_staged(&mut node).await;
+    partitions_that_share_sectors_are_refused();
     for child in [&mut agent, &mut helper] {
         let _ = child.kill();
         let _ = child.wait();
@@ -477,6 +478,52 @@ async fn a_partition_of_the_volume_is_staged(node: &mut NodeClient<Channel>) {
     assert_eq!(mounted_device(&staging), device_number(&partition));
     unstage(node, volume, &staging).await;
     report(11, &format!("{volume}: partition 1 staged as {}", partition.display()));
+}
+
+/// 12. A disk whose table makes two partitions share sectors (the host
+///     wrote the MBR byte by byte; this guest's kernel parses it at the
+///     hot-plug, where tools and `BLKPG` would refuse it): each partition
+///     is refused for a stage and a raw publish before anything is written.
+fn partitions_that_share_sectors_are_refused() {
+    let volume = "vol-01212121212121212";
+    println!("@@PLUG hp12 {} mbr-overlap", serial(volume));
+    let (_, disk) = wait_for_disk(&serial(volume), Duration::from_secs(10)).unwrap();
+    let target = ebs_csi_test_guest::kubelet_block_target(Path::new(KUBELET), "overlap", "pv-overlap", volume);
+    for n in [1, 2] {
+        let partition = PathBuf::from(format!("{}p{n}", disk.display()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !partition.exists() {
+            assert!(Instant::now() < deadline, "{} never appeared", partition.display());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let overlapping = HelperError::DeviceRefused {
+            device: partition.display().to_string(),
+            volume_id: volume.to_owned(),
+            reason: ebs_csi_helper::device::Refusal::Overlapping.to_string(),
+        };
+        let stage = stage_request(volume, &partition, &make_staging(volume), FsType::Ext4, &[]);
+        for request in [stage, publish_device(volume, &partition, &target)] {
+            let answer = run_as(AGENT_UID, || {
+                HelperClient::new(PathBuf::from(HELPER_SOCKET), Duration::from_secs(30)).call(request)
+            });
+            assert!(
+                matches!(&answer, Err(ClientError::Helper(e)) if *e == overlapping),
+                "{answer:?}"
+            );
+        }
+        assert_eq!(
+            first_mib(&partition),
+            vec![0u8; 1 << 20],
+            "{} was written",
+            partition.display()
+        );
+    }
+    assert!(!target.exists());
+    assert_eq!(mounted_device(&make_staging(volume)), None);
+    report(
+        12,
+        &format!("{volume}: partitions sharing sectors refused: {}", disk.display()),
+    );
 }
 
 fn first_mib(device: &Path) -> Vec<u8> {
